@@ -1,0 +1,21 @@
+"""Names shared by producers, workers and clients: task names, queues, Redis keys."""
+
+TASK_EXECUTE = "toolcall.execute"
+TASK_EXECUTE_BATCH = "toolcall.execute_batch"
+DEFAULT_QUEUE = "toolcalls"
+
+# Celery's Redis result backend stores results under this prefix and publishes on the same channel.
+RESULT_KEY_PREFIX = "celery-task-meta-"
+# SET NX on this key before publishing makes result publication exactly-once per callId.
+DONE_KEY_PREFIX = "toolcall:done:"
+DEAD_LETTER_KEY = "toolcall:dead-letter"
+
+REDACTED = "[redacted]"
+MAX_ARGUMENTS_BYTES = 1024 * 1024
+MAX_REDIRECTS = 5
+DEFAULT_MAX_OUTPUT_CHARS = 16_000
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+# Extra time the Celery thread waits for the event loop beyond the call's own timeouts.
+BRIDGE_MARGIN_S = 5.0

@@ -1,0 +1,132 @@
+"""The errors a tool call can end with, one class per exit code of the result envelope.
+
+    ToolError                    (exit_code, type; message written for the model)
+    ├── RequestError             the call never left the worker
+    │   ├── MalformedURL         3
+    │   ├── UnknownTool          64
+    │   ├── InvalidArguments     65
+    │   ├── UpstreamUnavailable  69  (circuit open)
+    │   ├── InternalError        70
+    │   ├── DeadlineExceeded     75
+    │   ├── EgressBlocked        77
+    │   └── ToolMisconfigured    78
+    └── TransportError           the request was attempted
+        ├── HostNotFound         6
+        ├── ConnectFailed        7
+        ├── TimedOut             28
+        ├── TLSFailed            35
+        ├── TooManyRedirects     47
+        ├── EmptyResponse        52
+        ├── ReceiveFailed        56
+        └── ResponseTooLarge     63
+
+aiohttp's exceptions are translated into this tree in `transport.py` only; the tree is turned into
+an envelope in `execution.py` only. A non-2xx answer (exit 22) is a response, not an exception.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ToolError(Exception):
+    exit_code: ClassVar[int] = 70
+    type: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class RequestError(ToolError):
+    """The call was refused before any request was sent."""
+
+
+class TransportError(ToolError):
+    """The request was attempted and failed on the way."""
+
+    retryable: ClassVar[bool] = False
+
+
+class MalformedURL(RequestError):
+    exit_code = 3
+    type = "malformed_url"
+
+
+class UnknownTool(RequestError):
+    exit_code = 64
+    type = "unknown_tool"
+
+
+class InvalidArguments(RequestError):
+    exit_code = 65
+    type = "invalid_arguments"
+
+
+class UpstreamUnavailable(RequestError):
+    exit_code = 69
+    type = "upstream_unavailable"
+
+
+class InternalError(RequestError):
+    exit_code = 70
+    type = "internal_error"
+
+
+class DeadlineExceeded(RequestError):
+    exit_code = 75
+    type = "deadline_exceeded"
+
+
+class EgressBlocked(RequestError):
+    exit_code = 77
+    type = "egress_blocked"
+
+
+class ToolMisconfigured(RequestError):
+    exit_code = 78
+    type = "tool_misconfigured"
+
+
+class HostNotFound(TransportError):
+    exit_code = 6
+    type = "host_not_found"
+    retryable = True
+
+
+class ConnectFailed(TransportError):
+    exit_code = 7
+    type = "connect_failed"
+    retryable = True
+
+
+class TimedOut(TransportError):
+    exit_code = 28
+    type = "timeout"
+    retryable = True
+
+
+class TLSFailed(TransportError):
+    exit_code = 35
+    type = "tls_error"
+
+
+class TooManyRedirects(TransportError):
+    exit_code = 47
+    type = "too_many_redirects"
+
+
+class EmptyResponse(TransportError):
+    exit_code = 52
+    type = "empty_response"
+    retryable = True
+
+
+class ReceiveFailed(TransportError):
+    exit_code = 56
+    type = "receive_failed"
+
+
+class ResponseTooLarge(TransportError):
+    exit_code = 63
+    type = "response_too_large"

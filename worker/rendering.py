@@ -1,0 +1,296 @@
+"""Render a tool's request from its templates and the model's arguments: a pure function, no I/O.
+
+Placement rules (SPEC §2.1): a path value is one percent-encoded segment; query arrays repeat the
+key and entries naming an absent argument are dropped; header values may not hold CR, LF or NUL;
+a structured body keeps each `${name}` leaf's JSON type; a text body with a JSON content type gets
+JSON-escaped values; arguments no template names go to the query (GET-like) or the JSON body.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, quote_plus, urlencode
+
+from yarl import URL
+
+from worker.constants import REDACTED
+from worker.errors import InvalidArguments, MalformedURL, ToolMisconfigured
+from worker.templates import Env, MissingEnv, Template, resolve_env
+from worker.tools import QUERY_METHODS, Body, Tool, Upstream
+
+_SECRET_NAME = re.compile(r"token|secret|key|auth|password|cookie|session|credential", re.IGNORECASE)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+_FORBIDDEN_VALUE = re.compile(r"[\r\n\x00]")
+# Never settable by a call: they would change where or how the request is framed.
+FRAMING_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer", "keep-alive"}
+)
+# Secrets shorter than this are redacted in headers but not searched for inside texts.
+_MIN_SECRET_LEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes | None
+    # Values to redact wherever they would be echoed; header names whose values are secret.
+    secrets: frozenset[str]
+    secret_headers: frozenset[str]
+    dropped_headers: tuple[str, ...] = ()
+
+    def redacted_headers(self) -> dict[str, str]:
+        return {
+            name: REDACTED if name.lower() in self.secret_headers else redact(value, self.secrets)
+            for name, value in self.headers
+        }
+
+
+def is_secret_header(name: str) -> bool:
+    return name.lower() == "authorization" or bool(_SECRET_NAME.search(name))
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= _MIN_SECRET_LEN and secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def render(
+    tool: Tool,
+    upstream: Upstream,
+    arguments: Mapping[str, Any],
+    call_headers: Mapping[str, str],
+    environ: Mapping[str, str],
+) -> PreparedRequest:
+    ctx = _Context(arguments, environ)
+    spec = tool.request
+    referenced = {name for t in spec.templates for name in t.arg_names}
+    extra = {k: v for k, v in arguments.items() if k not in referenced} if spec.send_unreferenced else {}
+    query = _render_query(spec.query, ctx)
+    body_value = _render_body(spec.body, spec.content_type, ctx)
+    if extra and spec.method in QUERY_METHODS:
+        query.extend(_query_pairs(name, value) for name, value in extra.items())
+    elif extra and (body_value is None or isinstance(body_value, dict)):
+        body_value = {**extra, **(body_value or {})}
+    url = _render_url(upstream, spec.path, [p for pairs in query for p in pairs], ctx)
+    headers, secret_names, dropped = _render_headers(tool, upstream, call_headers, ctx)
+    body = _encode_body(body_value, spec.content_type)
+    if body is not None and not any(name.lower() == "content-type" for name, _ in headers):
+        headers.append(("Content-Type", spec.content_type))
+    return PreparedRequest(
+        method=spec.method,
+        url=url,
+        headers=tuple(headers),
+        body=body,
+        secrets=frozenset(ctx.secrets),
+        secret_headers=frozenset(secret_names),
+        dropped_headers=tuple(dropped),
+    )
+
+
+class _Context:
+    """Argument and environment lookups for one rendering, collecting the secrets it meets."""
+
+    def __init__(self, arguments: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+        self.arguments = arguments
+        self.environ = environ
+        self.secrets: set[str] = set()
+
+    def has_all(self, template: Template) -> bool:
+        return all(name in self.arguments and self.arguments[name] is not None for name in template.arg_names)
+
+    def env(self, part: Env) -> str:
+        try:
+            value = resolve_env(part, self.environ)
+        except MissingEnv as exc:
+            raise ToolMisconfigured(
+                f"This tool cannot be used: the worker lacks the setting {exc.args[0]}. Tell the operator."
+            ) from None
+        self.secrets.add(value)
+        return value
+
+    def interpolate(self, template: Template, encode: Any = None) -> str:
+        out = []
+        for part in template.parts:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, Env):
+                out.append(self.env(part))
+            else:
+                value = self.arguments.get(part.name)
+                text = "" if value is None else to_text(value)
+                out.append(encode(value, text) if encode else text)
+        return "".join(out)
+
+
+def to_text(value: Any) -> str:
+    """How an argument reads inside a URL, a header or a text body."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(to_text(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value)
+
+
+def _path_segment(name: str, value: Any) -> str:
+    if value is None:
+        raise InvalidArguments(f"`{name}` is required (it is part of the URL path).")
+    text = to_text(value)
+    if text == "":
+        raise InvalidArguments(f"`{name}` must not be empty (it is part of the URL path).")
+    if text in {".", ".."}:  # a segment of dots alone would be read as a relative path step
+        return text.replace(".", "%2E")
+    return quote(text, safe="")
+
+
+def _render_url(upstream: Upstream, path: Template, query: list[tuple[str, str]], ctx: _Context) -> str:
+    base = ctx.interpolate(upstream.base_url)
+    segments = []
+    for part in path.parts:
+        if isinstance(part, str):
+            segments.append(part)
+        elif isinstance(part, Env):
+            segments.append(ctx.env(part))
+        else:
+            segments.append(_path_segment(part.name, ctx.arguments.get(part.name)))
+    rendered_path = "".join(segments)
+    url = base.rstrip("/") + "/" + rendered_path.lstrip("/") if rendered_path else base
+    if query:
+        url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote)
+    _check_url(url, base)
+    return url
+
+
+def _check_url(url: str, base: str) -> None:
+    try:
+        parsed, origin = URL(url, encoded=True), URL(base, encoded=True)
+    except ValueError as exc:
+        raise MalformedURL(f"The request URL is malformed: {exc}") from None
+    if parsed.scheme not in {"http", "https"} or not parsed.host:
+        raise MalformedURL(f"The request URL is malformed (scheme {parsed.scheme!r}, host {parsed.host!r}).")
+    if (parsed.scheme, parsed.host, parsed.port) != (origin.scheme, origin.host, origin.port):
+        raise InvalidArguments("The arguments may not change the host the tool talks to.")
+
+
+def _render_query(templates: Mapping[str, Template], ctx: _Context) -> list[list[tuple[str, str]]]:
+    pairs = []
+    for name, template in templates.items():
+        if not ctx.has_all(template):
+            continue
+        single = template.single_arg
+        if single is not None:
+            pairs.append(_query_pairs(name, ctx.arguments[single]))
+        else:
+            pairs.append([(name, ctx.interpolate(template))])
+    return pairs
+
+
+def _query_pairs(name: str, value: Any) -> list[tuple[str, str]]:
+    if isinstance(value, list):
+        return [(name, to_text(v)) for v in value]
+    return [] if value is None else [(name, to_text(value))]
+
+
+def _render_headers(
+    tool: Tool, upstream: Upstream, call_headers: Mapping[str, str], ctx: _Context
+) -> tuple[list[tuple[str, str]], set[str], list[str]]:
+    merged: dict[str, tuple[str, str]] = {}
+    secret_names: set[str] = set()
+    for name, template in [*upstream.headers.items(), *tool.request.headers.items()]:
+        if not ctx.has_all(template):
+            continue
+        value = ctx.interpolate(template)
+        if template.env_names or is_secret_header(name):
+            secret_names.add(name.lower())
+            ctx.secrets.add(value)
+        merged[name.lower()] = (name, _checked_value(name, value))
+    dropped = []
+    for name, value in call_headers.items():
+        lower = _checked_call_header(name, value, upstream)
+        if lower is None:
+            dropped.append(name)
+            continue
+        secret_names.add(lower)
+        ctx.secrets.add(value)
+        merged[lower] = (name, value)
+    return list(merged.values()), secret_names, dropped
+
+
+def _checked_value(name: str, value: str) -> str:
+    if _FORBIDDEN_VALUE.search(value):
+        raise InvalidArguments(f"The value of header {name!r} may not contain CR, LF or NUL characters.")
+    return value
+
+
+def _checked_call_header(name: str, value: Any, upstream: Upstream) -> str | None:
+    """The lower-case name of an allowed call header, None for one this upstream does not take."""
+    if not isinstance(value, str) or not _HEADER_NAME.match(str(name)):
+        raise InvalidArguments(f"Call header {str(name)[:64]!r} is not a valid header name with a string value.")
+    lower = name.lower()
+    if lower in FRAMING_HEADERS:
+        raise InvalidArguments(f"Call header {name!r} may not be set.")
+    _checked_value(name, value)
+    return lower if lower in upstream.overridable_headers else None
+
+
+def _render_body(body: Body, content_type: str, ctx: _Context) -> Any:
+    if body.kind == "text":
+        encode = _json_escape if is_json(content_type) else quote_plus if is_form(content_type) else None
+        return ctx.interpolate(body.value, encode)
+    if body.kind == "structured":
+        return _render_tree(body.value, ctx)
+    return None
+
+
+_ABSENT = object()
+
+
+def _render_tree(node: Any, ctx: _Context) -> Any:
+    if isinstance(node, Template):
+        if not ctx.has_all(node):
+            return _ABSENT
+        single = node.single_arg
+        return ctx.arguments[single] if single is not None else ctx.interpolate(node)
+    if isinstance(node, dict):
+        rendered = {key: _render_tree(value, ctx) for key, value in node.items()}
+        return {key: value for key, value in rendered.items() if value is not _ABSENT}
+    if isinstance(node, list):
+        return [v for v in (_render_tree(value, ctx) for value in node) if v is not _ABSENT]
+    return node
+
+
+def _json_escape(value: Any, text: str) -> str:
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)[1:-1]
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _encode_body(value: Any, content_type: str) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if is_form(content_type) and isinstance(value, dict):
+        return urlencode([pair for k, v in value.items() for pair in _query_pairs(k, v)]).encode()
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def is_json(content_type: str) -> bool:
+    mime = content_type.split(";", 1)[0].strip().lower()
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def is_form(content_type: str) -> bool:
+    return content_type.split(";", 1)[0].strip().lower() == "application/x-www-form-urlencoded"
+

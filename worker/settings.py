@@ -1,0 +1,33 @@
+"""Every `TOOLWORKER_*` setting, read once from the environment."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOOLWORKER_", extra="ignore")
+
+    redis_url: str = "redis://localhost:6379/0"
+    definitions: Path = Path("definitions")
+    # Comma-separated hosts, *.wildcard domains, CIDRs, with optional :port; empty = generic tool off.
+    egress_allow: str = ""
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
+    result_ttl_seconds: int = Field(86_400, ge=1)
+    # Threads of one worker process; each runs one message (a call or a batch) at a time.
+    concurrency: int = Field(64, ge=1)
+    # Longest a reply stream (replyTo) grows to; older entries are trimmed.
+    reply_stream_maxlen: int = Field(100_000, ge=1)
+    # Redelivery of unacknowledged messages; must exceed the longest call.
+    visibility_timeout_seconds: int = Field(3600, ge=60)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,121 @@
+"""Templates of tool definitions: `${arg}`, `${env:NAME}`, `${env:NAME:-default}`; `$${` is a literal `${`.
+
+A template is parsed once, at load time, into literal text and placeholders. Rendering is left to
+`rendering.py`, which decides how a value is encoded where it lands (path segment, query, JSON text).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_PLACEHOLDER = re.compile(r"\$\$\{|\$\{([^{}]*)\}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class TemplateSyntaxError(ValueError):
+    """A template cannot be parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    name: str
+    default: str | None = None
+
+
+Part = str | Arg | Env
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    parts: tuple[Part, ...]
+    source: str
+
+    @classmethod
+    def parse(cls, text: str) -> Template:
+        return cls(tuple(_parse_parts(text)), text)
+
+    @classmethod
+    def literal(cls, text: str) -> Template:
+        return cls((text,) if text else (), text)
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parts if isinstance(p, Arg))
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parts if isinstance(p, Env))
+
+    @property
+    def single_arg(self) -> str | None:
+        """The argument name when the template is exactly `${name}`."""
+        if len(self.parts) == 1 and isinstance(self.parts[0], Arg):
+            return self.parts[0].name
+        return None
+
+    def render_env(self, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+        """Render a template that may only name environment variables; also return their values."""
+        if self.arg_names:
+            raise TemplateSyntaxError(f"arguments are not allowed here: {self.source!r}")
+        out: list[str] = []
+        secrets: list[str] = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, Env):
+                value = resolve_env(part, environ)
+                out.append(value)
+                secrets.append(value)
+        return "".join(out), secrets
+
+
+class MissingEnv(LookupError):
+    """An `${env:NAME}` without default names a variable the worker does not have."""
+
+
+def resolve_env(part: Env, environ: Mapping[str, str]) -> str:
+    value = environ.get(part.name)
+    if value is not None:
+        return value
+    if part.default is not None:
+        return part.default
+    raise MissingEnv(part.name)
+
+
+def _parse_parts(text: str) -> list[Part]:
+    parts: list[Part] = []
+    literal: list[str] = []
+    pos = 0
+    for match in _PLACEHOLDER.finditer(text):
+        literal.append(text[pos : match.start()])
+        pos = match.end()
+        if match.group(1) is None:  # the `$${` escape
+            literal.append("${")
+            continue
+        if literal and "".join(literal):
+            parts.append("".join(literal))
+        literal = []
+        parts.append(_placeholder(match.group(1), text))
+    literal.append(text[pos:])
+    if "".join(literal):
+        parts.append("".join(literal))
+    return parts
+
+
+def _placeholder(inner: str, text: str) -> Arg | Env:
+    inner = inner.strip()
+    if inner.startswith("env:"):
+        name, _, default = inner[4:].partition(":-")
+        if not _ENV_NAME.match(name):
+            raise TemplateSyntaxError(f"bad environment variable name {name!r} in {text!r}")
+        return Env(name, default if ":-" in inner else None)
+    if not inner:
+        raise TemplateSyntaxError(f"empty placeholder in {text!r}")
+    return Arg(inner)

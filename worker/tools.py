@@ -1,0 +1,168 @@
+"""The validated, format-independent model of upstreams and tools that every reader produces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Protocol
+
+from worker import constants
+from worker.templates import Template
+
+JSON = Any
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+QUERY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a definition was read from, for error messages."""
+
+    file: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 1
+    backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    statuses: frozenset[int] = frozenset({502, 503, 504})
+    # POST/PATCH are retried only when the upstream opts in; they then carry Idempotency-Key.
+    unsafe_methods: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    name: str
+    base_url: Template
+    timeout_s: float = constants.DEFAULT_TIMEOUT_S
+    connect_timeout_s: float = constants.DEFAULT_CONNECT_TIMEOUT_S
+    headers: Mapping[str, Template] = field(default_factory=dict)
+    verify_tls: bool = True
+    max_concurrency: int = 100
+    retry: RetryPolicy = RetryPolicy()
+    max_output_chars: int = constants.DEFAULT_MAX_OUTPUT_CHARS
+    max_response_bytes: int = constants.DEFAULT_MAX_RESPONSE_BYTES
+    queue: str | None = None
+    # Lower-case header names a call may override; Host and framing headers never.
+    overridable_headers: frozenset[str] = frozenset()
+    # Redirects may leave the upstream's scheme/host/port only when this is set.
+    allow_offsite_redirects: bool = False
+    source: Source = Source("<builtin>")
+
+
+class Transform(Protocol):
+    """A response transform: parsed JSON in, JSON-serialisable value out."""
+
+    def __call__(self, data: JSON) -> JSON: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A request body template: none, text (one template) or structured (a tree with template leaves)."""
+
+    kind: str = "none"  # "none" | "text" | "structured"
+    value: Any = None
+
+    @property
+    def templates(self) -> list[Template]:
+        if self.kind == "text":
+            return [self.value]
+        if self.kind == "structured":
+            return list(_tree_templates(self.value))
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTemplate:
+    method: str = "GET"
+    path: Template = Template.literal("")
+    query: Mapping[str, Template] = field(default_factory=dict)
+    headers: Mapping[str, Template] = field(default_factory=dict)
+    body: Body = Body()
+    content_type: str = "application/json"
+    # Arguments no template names go to the query (GET-like) or JSON body (POST-like).
+    send_unreferenced: bool = True
+
+    @property
+    def templates(self) -> list[Template]:
+        return [self.path, *self.query.values(), *self.headers.values(), *self.body.templates]
+
+
+@dataclass(eq=False)
+class Tool:
+    name: str
+    upstream: str
+    request: RequestTemplate
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    transform: Transform | None = None
+    max_output_chars: int | None = None
+    source: Source = Source("<builtin>")
+    # The schema, or a factory that builds it on first use (large OpenAPI specs).
+    schema: Mapping[str, JSON] | Callable[[], Mapping[str, JSON]] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+    @cached_property
+    def input_schema(self) -> Mapping[str, JSON]:
+        return self.schema() if callable(self.schema) else self.schema
+
+    @property
+    def schema_is_lazy(self) -> bool:
+        return callable(self.schema)
+
+    @property
+    def summary(self) -> str:
+        return self.description.strip().split("\n", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    source: Source
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.message}"
+
+
+@dataclass
+class ToolSet:
+    """Everything a definitions store holds: usable tools, and why the others cannot be used."""
+
+    upstreams: dict[str, Upstream] = field(default_factory=dict)
+    tools: dict[str, Tool] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    # Tool name -> why it cannot be used (exit 78 when called).
+    unusable: dict[str, str] = field(default_factory=dict)
+
+    def merge(self, other: ToolSet) -> None:
+        for name, upstream in other.upstreams.items():
+            if name in self.upstreams:
+                self.problems.append(Problem(upstream.source, f"duplicate upstream {name!r}"))
+                continue
+            self.upstreams[name] = upstream
+        for name, tool in other.tools.items():
+            if name in self.tools:
+                first = self.tools[name].source
+                self.problems.append(Problem(tool.source, f"duplicate tool name {name!r} (first at {first})"))
+                continue
+            self.tools[name] = tool
+        self.problems.extend(other.problems)
+        self.unusable.update(other.unusable)
+
+
+def _tree_templates(node: Any) -> list[Template]:
+    if isinstance(node, Template):
+        return [node]
+    if isinstance(node, Mapping):
+        return [t for value in node.values() for t in _tree_templates(value)]
+    if isinstance(node, list):
+        return [t for value in node for t in _tree_templates(value)]
+    return []
