@@ -19,11 +19,11 @@ from yarl import URL
 
 from worker.constants import REDACTED
 from worker.errors import InvalidArguments, MalformedURL, ToolMisconfigured
-from worker.templates import Env, MissingEnv, Template, resolve_env
+from worker.templates import Arg, Env, MissingEnv, Template, resolve_env
 from worker.tools import QUERY_METHODS, Body, Tool, Upstream
 
 _SECRET_NAME = re.compile(r"token|secret|key|auth|password|cookie|session|credential", re.IGNORECASE)
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 _FORBIDDEN_VALUE = re.compile(r"[\r\n\x00]")
 # Never settable by a call: they would change where or how the request is framed.
 FRAMING_HEADERS = frozenset(
@@ -76,7 +76,7 @@ def render(
     query = _render_query(spec.query, ctx)
     body_value = _render_body(spec.body, spec.content_type, ctx)
     if extra and spec.method in QUERY_METHODS:
-        query.extend(_query_pairs(name, value) for name, value in extra.items())
+        query.extend(query_pairs(name, value) for name, value in extra.items())
     elif extra and (body_value is None or isinstance(body_value, dict)):
         body_value = {**extra, **(body_value or {})}
     url = _render_url(upstream, spec.path, [p for pairs in query for p in pairs], ctx)
@@ -106,14 +106,17 @@ class _Context:
     def has_all(self, template: Template) -> bool:
         return all(name in self.arguments and self.arguments[name] is not None for name in template.arg_names)
 
-    def env(self, part: Env) -> str:
+    def env(self, part: Env | Arg, secret: bool = True) -> str:
+        if isinstance(part, Arg):  # load-time checks keep arguments out of base URLs
+            raise ToolMisconfigured("This tool's base URL names an argument.")
         try:
             value = resolve_env(part, self.environ)
         except MissingEnv as exc:
             raise ToolMisconfigured(
                 f"This tool cannot be used: the worker lacks the setting {exc.args[0]}. Tell the operator."
             ) from None
-        self.secrets.add(value)
+        if secret:
+            self.secrets.add(value)
         return value
 
     def interpolate(self, template: Template, encode: Any = None) -> str:
@@ -155,7 +158,7 @@ def _path_segment(name: str, value: Any) -> str:
 
 
 def _render_url(upstream: Upstream, path: Template, query: list[tuple[str, str]], ctx: _Context) -> str:
-    base = ctx.interpolate(upstream.base_url)
+    base = _render_base_url(upstream.base_url, ctx)
     segments = []
     for part in path.parts:
         if isinstance(part, str):
@@ -170,6 +173,18 @@ def _render_url(upstream: Upstream, path: Template, query: list[tuple[str, str]]
         url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote)
     _check_url(url, base)
     return url
+
+
+def _render_base_url(template: Template, ctx: _Context) -> str:
+    """Where to connect is configuration, not a credential: only a password in it is a secret."""
+    base = "".join(part if isinstance(part, str) else ctx.env(part, secret=False) for part in template.parts)
+    try:
+        password = URL(base).password
+    except ValueError:
+        password = None
+    if password:
+        ctx.secrets.add(password)
+    return base
 
 
 def _check_url(url: str, base: str) -> None:
@@ -190,13 +205,13 @@ def _render_query(templates: Mapping[str, Template], ctx: _Context) -> list[list
             continue
         single = template.single_arg
         if single is not None:
-            pairs.append(_query_pairs(name, ctx.arguments[single]))
+            pairs.append(query_pairs(name, ctx.arguments[single]))
         else:
             pairs.append([(name, ctx.interpolate(template))])
     return pairs
 
 
-def _query_pairs(name: str, value: Any) -> list[tuple[str, str]]:
+def query_pairs(name: str, value: Any) -> list[tuple[str, str]]:
     if isinstance(value, list):
         return [(name, to_text(v)) for v in value]
     return [] if value is None else [(name, to_text(value))]
@@ -214,7 +229,7 @@ def _render_headers(
         if template.env_names or is_secret_header(name):
             secret_names.add(name.lower())
             ctx.secrets.add(value)
-        merged[name.lower()] = (name, _checked_value(name, value))
+        merged[name.lower()] = (name, checked_header_value(name, value))
     dropped = []
     for name, value in call_headers.items():
         lower = _checked_call_header(name, value, upstream)
@@ -227,7 +242,7 @@ def _render_headers(
     return list(merged.values()), secret_names, dropped
 
 
-def _checked_value(name: str, value: str) -> str:
+def checked_header_value(name: str, value: str) -> str:
     if _FORBIDDEN_VALUE.search(value):
         raise InvalidArguments(f"The value of header {name!r} may not contain CR, LF or NUL characters.")
     return value
@@ -235,12 +250,12 @@ def _checked_value(name: str, value: str) -> str:
 
 def _checked_call_header(name: str, value: Any, upstream: Upstream) -> str | None:
     """The lower-case name of an allowed call header, None for one this upstream does not take."""
-    if not isinstance(value, str) or not _HEADER_NAME.match(str(name)):
+    if not isinstance(value, str) or not HEADER_NAME.match(str(name)):
         raise InvalidArguments(f"Call header {str(name)[:64]!r} is not a valid header name with a string value.")
     lower = name.lower()
     if lower in FRAMING_HEADERS:
         raise InvalidArguments(f"Call header {name!r} may not be set.")
-    _checked_value(name, value)
+    checked_header_value(name, value)
     return lower if lower in upstream.overridable_headers else None
 
 
@@ -282,7 +297,7 @@ def _encode_body(value: Any, content_type: str) -> bytes | None:
     if isinstance(value, str):
         return value.encode()
     if is_form(content_type) and isinstance(value, dict):
-        return urlencode([pair for k, v in value.items() for pair in _query_pairs(k, v)]).encode()
+        return urlencode([pair for k, v in value.items() for pair in query_pairs(k, v)]).encode()
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -293,4 +308,3 @@ def is_json(content_type: str) -> bool:
 
 def is_form(content_type: str) -> bool:
     return content_type.split(";", 1)[0].strip().lower() == "application/x-www-form-urlencoded"
-

@@ -24,8 +24,15 @@ class Settings(BaseSettings):
     concurrency: int = Field(64, ge=1)
     # Longest a reply stream (replyTo) grows to; older entries are trimmed.
     reply_stream_maxlen: int = Field(100_000, ge=1)
+    # Comma-separated nameservers (IP or IP:port) for upstream lookups; empty = the system's resolver.
+    dns_servers: str = ""
     # Redelivery of unacknowledged messages; must exceed the longest call.
     visibility_timeout_seconds: int = Field(3600, ge=60)
+
+
+    @property
+    def dns_server_list(self) -> list[str]:
+        return [s.strip() for s in self.dns_servers.split(",") if s.strip()]
 
 
 @lru_cache(maxsize=1)

@@ -70,5 +70,7 @@ def tool_problems(tool: Tool, toolset: ToolSet) -> list[str]:
     for template in tool.request.templates:
         for name in template.arg_names:
             if name not in declared:
-                problems.append(f"template {template.source!r} names argument {name!r}, which input_schema does not declare")
+                problems.append(
+                    f"template {template.source!r} names argument {name!r}, which input_schema does not declare"
+                )
     return problems

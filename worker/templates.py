@@ -60,21 +60,6 @@ class Template:
             return self.parts[0].name
         return None
 
-    def render_env(self, environ: Mapping[str, str]) -> tuple[str, list[str]]:
-        """Render a template that may only name environment variables; also return their values."""
-        if self.arg_names:
-            raise TemplateSyntaxError(f"arguments are not allowed here: {self.source!r}")
-        out: list[str] = []
-        secrets: list[str] = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(part)
-            elif isinstance(part, Env):
-                value = resolve_env(part, environ)
-                out.append(value)
-                secrets.append(value)
-        return "".join(out), secrets
-
 
 class MissingEnv(LookupError):
     """An `${env:NAME}` without default names a variable the worker does not have."""

@@ -79,10 +79,13 @@ class Body:
         return []
 
 
+_NO_PATH = Template.literal("")
+
+
 @dataclass(frozen=True, slots=True)
 class RequestTemplate:
     method: str = "GET"
-    path: Template = Template.literal("")
+    path: Template = _NO_PATH
     query: Mapping[str, Template] = field(default_factory=dict)
     headers: Mapping[str, Template] = field(default_factory=dict)
     body: Body = Body()

@@ -1,0 +1,120 @@
+"""Fixtures: a clean environment for every test; real servers and a real worker for integration tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.servers import NxDomainServer, ServerThread, UpstreamState, closed_port, make_upstream
+from worker.client import ToolClient
+from worker.embedded import EmbeddedRedis
+from worker.settings import get_settings
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SECRET_TOKEN = "s3cr3t-env-token-4242"
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Strip TOOLWORKER_* and proxy variables so no test depends on the machine's settings."""
+    for name in list(os.environ):
+        if name.startswith("TOOLWORKER_") or name.lower() in {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}:
+            monkeypatch.delenv(name)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class Upstream:
+    url: str
+    state: UpstreamState
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[Upstream]:
+    state = UpstreamState()
+    server = ServerThread(make_upstream(state)).start()
+    yield Upstream(server.url, state)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def dns_server() -> Iterator[NxDomainServer]:
+    server = NxDomainServer().start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    redis_url: str
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def worker_env(redis_url: str, upstream_url: str, dns_address: str, definitions: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+    env.update(
+        TOOLWORKER_REDIS_URL=redis_url,
+        TOOLWORKER_DEFINITIONS=str(definitions),
+        TOOLWORKER_DNS_SERVERS=dns_address,
+        TOOLWORKER_CONCURRENCY="8",
+        TEST_UPSTREAM_URL=upstream_url,
+        TEST_SECRET_TOKEN=SECRET_TOKEN,
+        TEST_CLOSED_URL=f"http://127.0.0.1:{closed_port()}",
+    )
+    return env
+
+
+def start_worker(env: dict[str, str], log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "worker", "worker", "-n", f"test-{uuid.uuid4().hex[:8]}@%h", *extra]
+    with log_path.open("ab") as log:
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_worker(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def worker(
+    redis_server: EmbeddedRedis, upstream: Upstream, dns_server: NxDomainServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    env = worker_env(redis_server.url, upstream.url, dns_server.address, FIXTURES / "integration")
+    process = start_worker(env, log_path)
+    handle = WorkerProcess(process, log_path, redis_server.url)
+    with ToolClient(redis_server.url) as client:
+        first = client.call("echo_get", {"item": "warm-up"}, timeout=60)
+    assert first.exit_code == 0, (first.to_dict(), handle.log_text()[-3000:])
+    yield handle
+    stop_worker(process)
+
+
+@pytest.fixture
+def client(worker: WorkerProcess) -> Iterator[ToolClient]:
+    with ToolClient(worker.redis_url) as tool_client:
+        yield tool_client

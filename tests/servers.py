@@ -1,0 +1,174 @@
+"""Real local servers for the tests: an HTTP upstream with misbehaving endpoints and an NXDOMAIN DNS server."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class UpstreamState:
+    hits: list[tuple[str, str]] = field(default_factory=list)
+    streamed_bytes: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def hits_to(self, prefix: str) -> int:
+        return sum(1 for _, path in self.hits if path.startswith(prefix))
+
+
+def make_upstream(state: UpstreamState) -> web.Application:
+    @web.middleware
+    async def record(request: web.Request, handler: Callable[..., object]) -> web.StreamResponse:
+        state.hits.append((request.method, request.path_qs))
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            return await handler(request)  # type: ignore[misc]
+        finally:
+            state.in_flight -= 1
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response(
+            {
+                "method": request.method,
+                "path": request.raw_path.split("?", 1)[0],
+                "query": [[k, v] for k, v in request.query.items()],
+                "headers": dict(request.headers),
+                "body": body.decode("utf-8", "replace"),
+            }
+        )
+
+    async def status(request: web.Request) -> web.Response:
+        code = int(request.match_info["code"])
+        return web.Response(status=code, text=f"upstream says {code}")
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(float(request.query.get("delay", "5")))
+        return web.json_response({"slow": True})
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        chunk = b"x" * 65536
+        total = int(request.query.get("mb", "50")) * 1024 * 1024
+        while state.streamed_bytes < total:
+            await response.write(chunk)
+            state.streamed_bytes += len(chunk)
+        await response.write_eof()
+        return response
+
+    async def redirect_loop(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/redirect-loop")
+
+    async def gzipped(request: web.Request) -> web.Response:
+        payload = gzip.compress(json.dumps({"compressed": True, "text": "hello " * 100}).encode())
+        return web.Response(body=payload, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+    async def latin1(request: web.Request) -> web.Response:
+        return web.Response(body="café crème".encode("latin-1"), headers={"Content-Type": "text/plain; charset=iso-8859-1"})
+
+    app = web.Application(middlewares=[record])
+    app.router.add_route("*", "/echo{tail:.*}", echo)
+    app.router.add_get("/status/{code}", status)
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/huge", huge)
+    app.router.add_get("/redirect-loop", redirect_loop)
+    app.router.add_get("/gzip", gzipped)
+    app.router.add_get("/latin1", latin1)
+    return app
+
+
+class ServerThread:
+    """Runs an aiohttp application on 127.0.0.1 in a thread with its own loop."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self.port = 0
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the test upstream did not start")
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        runner = web.AppRunner(self._app, access_log=None)
+        self._loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner = runner
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+        self._loop.close()
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+class NxDomainServer:
+    """A DNS server on 127.0.0.1 that answers every query with NXDOMAIN."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self.queries = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> NxDomainServer:
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                data, peer = self._sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            if len(data) < 12:
+                continue
+            ident, flags, questions = struct.unpack(">HHH", data[:6])
+            # QR=1, opcode copied, RD copied, RA=1, RCODE=3 (NXDOMAIN); the question is echoed.
+            header = struct.pack(">HHHHHH", ident, 0x8083 | (flags & 0x7900), questions, 0, 0, 0)
+            self.queries += 1
+            self._sock.sendto(header + data[12:], peer)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening (bound then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port

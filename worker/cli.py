@@ -1,0 +1,206 @@
+"""The `toolworker` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from worker.settings import get_settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except _RedisUnreachable as exc:
+        print(f"toolworker: cannot reach Redis at {exc}", file=sys.stderr)
+        return 69
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolworker", description="Execute LLM agents' HTTP tool calls.")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    worker = commands.add_parser("worker", help="run a worker (extra arguments go to `celery worker`)")
+    worker.add_argument("-c", "--concurrency", type=int, help="pool threads (TOOLWORKER_CONCURRENCY)")
+    worker.add_argument("-Q", "--queues", help="comma-separated queues to consume (default: toolcalls)")
+    worker.add_argument("-n", "--hostname", help="worker node name")
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(handler=_worker)
+
+    dev = commands.add_parser("dev", help="the local stack: Redis-compatible server, demo upstream, worker, Flower")
+    dev.add_argument("--flower-port", type=int, default=5555)
+    dev.set_defaults(handler=_dev)
+
+    call = commands.add_parser("call", help="call a tool and print its envelope; exits with its exitCode")
+    call.add_argument("tool")
+    call.add_argument("--arg", action="append", default=[], metavar="K=V", help="an argument (V parsed as JSON)")
+    call.add_argument("--args", metavar="JSON", help="all arguments as a JSON object")
+    call.add_argument("--header", action="append", default=[], metavar="K:V", help="a per-call header")
+    call.add_argument("--timeout", type=float, default=60.0, metavar="S")
+    call.add_argument("--no-wait", action="store_true", help="print the callId and exit")
+    call.set_defaults(handler=_call)
+
+    tools = commands.add_parser("tools", help="list the tools of the definitions store")
+    tools.add_argument("--tag", action="append", default=[])
+    tools.add_argument("--format", choices=["table", "json"], default="table")
+    tools.set_defaults(handler=_tools)
+
+    schema = commands.add_parser("schema", help="print a tool's full definition")
+    schema.add_argument("tool")
+    schema.set_defaults(handler=_schema)
+
+    validate = commands.add_parser("validate", help="check definitions; lists every problem, non-zero on any")
+    validate.add_argument("paths", nargs="*", type=Path)
+    validate.set_defaults(handler=_validate)
+    return parser
+
+
+class _RedisUnreachable(Exception):
+    pass
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from worker.app import app
+    from worker.logs import configure
+
+    settings = get_settings()
+    configure(settings.log_format, settings.log_level)
+    argv = ["worker", "-P", "threads", "-c", str(args.concurrency or settings.concurrency), "--loglevel", args.loglevel]
+    argv += ["-E", "-Q", args.queues or "toolcalls"]
+    if args.hostname:
+        argv += ["-n", args.hostname]
+    app.worker_main(argv)
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from worker.devstack import run_dev_stack
+
+    return run_dev_stack(flower_port=args.flower_port)
+
+
+def _call(args: argparse.Namespace) -> int:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from worker.client import ToolClient
+
+    arguments = _parse_arguments(args.args, args.arg)
+    headers = dict(_split(h, ":", "--header") for h in args.header)
+    settings = get_settings()
+    try:
+        with ToolClient(settings.redis_url) as client:
+            if args.no_wait:
+                print(client.submit(args.tool, arguments, headers=headers, timeout=args.timeout).call_id)
+                return 0
+            result = client.call(args.tool, arguments, headers=headers, timeout=args.timeout)
+    except RedisConnectionError:
+        raise _RedisUnreachable(_safe_url(settings.redis_url)) from None
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    return result.exit_code
+
+
+def _parse_arguments(args_json: str | None, pairs: list[str]) -> dict[str, Any]:
+    arguments: dict[str, Any] = json.loads(args_json) if args_json else {}
+    if not isinstance(arguments, dict):
+        raise SystemExit("toolworker: --args must be a JSON object")
+    for pair in pairs:
+        key, raw = _split(pair, "=", "--arg")
+        try:
+            arguments[key] = json.loads(raw)
+        except ValueError:
+            arguments[key] = raw  # a bare word is a string
+    return arguments
+
+
+def _split(text: str, sep: str, option: str) -> tuple[str, str]:
+    key, found, value = text.partition(sep)
+    if not found or not key.strip():
+        raise SystemExit(f"toolworker: {option} takes NAME{sep}VALUE, got {text!r}")
+    return key.strip(), value.strip() if sep == ":" else value
+
+
+def _safe_url(url: str) -> str:
+    from yarl import URL
+
+    parsed = URL(url)
+    return str(parsed.with_password("***")) if parsed.password else url
+
+
+def _load_toolset(paths: list[Path]) -> Any:
+    from worker import store
+
+    return store.load(paths or [get_settings().definitions])
+
+
+def _tools(args: argparse.Namespace) -> int:
+    toolset = _load_toolset([])
+    rows = [
+        {
+            "name": t.name,
+            "method": t.request.method,
+            "path": t.request.path.source,
+            "upstream": t.upstream,
+            "tags": list(t.tags),
+            "summary": t.summary,
+        }
+        for t in toolset.tools.values()
+        if not args.tag or set(args.tag) & set(t.tags)
+    ]
+    if args.format == "json":
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    _print_table(rows, ["name", "method", "path", "upstream", "summary"])
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    widths = {c: min(48, max([len(c), *(len(str(r[c])) for r in rows)])) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(_cell(str(row[c]), widths[c]) for c in columns))
+
+
+def _cell(text: str, width: int) -> str:
+    return text.ljust(width) if len(text) <= width else text[: width - 1] + "…"
+
+
+def _schema(args: argparse.Namespace) -> int:
+    toolset = _load_toolset([])
+    tool = toolset.tools.get(args.tool)
+    if tool is None:
+        print(f"toolworker: no tool named {args.tool!r}", file=sys.stderr)
+        return 64
+    definition = {
+        "name": tool.name,
+        "description": tool.description,
+        "tags": list(tool.tags),
+        "upstream": tool.upstream,
+        "method": tool.request.method,
+        "path": tool.request.path.source,
+        "input_schema": tool.input_schema,
+    }
+    print(json.dumps(definition, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    toolset = _load_toolset(args.paths)
+    for problem in toolset.problems:
+        print(problem, file=sys.stderr)
+    count = len(toolset.problems)
+    summary = f"{len(toolset.tools)} tools, {len(toolset.upstreams)} upstreams, {count} problem{'s' * (count != 1)}"
+    print(summary)
+    return 1 if count else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

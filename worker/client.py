@@ -1,0 +1,234 @@
+"""ToolClient: enqueue tool calls and wait for their envelopes (sync and asyncio).
+
+One implementation, `AsyncToolClient`, on redis.asyncio: calls are LPUSHed as Celery protocol 2
+messages; each client reads its results from its own reply stream (a Redis stream survives a
+reconnect, where pub/sub would drop what was sent meanwhile). `ToolClient` runs the same code on a
+background loop for synchronous callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.envelope import ToolResult
+from worker.loop import LoopThread
+from worker.protocol import envelope_from_meta, task_message
+from worker.results import connect
+from worker.settings import get_settings
+
+DEFAULT_TIMEOUT_S = 60.0
+T = TypeVar("T")
+_READ_BLOCK_MS = 1000
+_READ_COUNT = 1000
+
+CallSpec = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], Mapping[str, str]]
+
+
+class AsyncToolClient:
+    def __init__(self, redis_url: str | None = None, *, queue: str = DEFAULT_QUEUE) -> None:
+        url = redis_url or get_settings().redis_url
+        self._redis = connect(url)
+        # XREAD BLOCK holds its connection; the read loop retries by itself, so redis-py must not.
+        self._reader_redis = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+        self._closing = False
+        self._queue = queue
+        self.reply_stream = f"toolworker:replies:{uuid.uuid4().hex}"
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def acall(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> ToolResult:
+        call_id = (await self.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout))[0]
+        return await self._result_or_timeout(call_id, tool, timeout)
+
+    async def acall_many(self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
+        """Run many calls as one message; results come back in order."""
+        call_ids = await self.submit_many(calls, timeout=timeout)
+        waits = (self._result_or_timeout(cid, spec[0], timeout) for cid, spec in zip(call_ids, calls, strict=True))
+        return list(await asyncio.gather(*waits))
+
+    async def submit_many(self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+        """Enqueue calls (one message for one call, a batch message for several); return their callIds."""
+        self._ensure_reader()
+        deadline = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
+        messages = [self._message(spec, timeout, deadline) for spec in calls]
+        for message in messages:
+            self._waiting[message["callId"]] = asyncio.get_running_loop().create_future()
+        if len(messages) == 1:
+            body = task_message(messages[0]["callId"], [messages[0]], self._queue, TASK_EXECUTE)
+        else:
+            body = task_message(str(uuid.uuid4()), [messages], self._queue, TASK_EXECUTE_BATCH)
+        await self._redis.lpush(self._queue, body)
+        return [m["callId"] for m in messages]
+
+    async def result(self, call_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
+        """The envelope of a call; raises TimeoutError when it does not come in time."""
+        future = self._waiting.get(call_id)
+        if future is None:  # not submitted by this client: read the stored result
+            return await self._poll_stored(call_id, timeout)
+        try:
+            envelope = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            stored = await self._stored(call_id)
+            if stored is None:
+                raise
+            envelope = stored
+        self._waiting.pop(call_id, None)
+        return ToolResult.from_dict(envelope)
+
+    async def aclose(self) -> None:
+        # A blocked XREAD does not honour cancellation promptly: drop its connection instead.
+        self._closing = True
+        await self._reader_redis.connection_pool.disconnect()
+        if self._reader is not None:
+            await asyncio.wait({self._reader}, timeout=_READ_BLOCK_MS / 1000 + 1)
+            self._reader.cancel()
+        await self._redis.aclose()
+        await self._reader_redis.aclose()
+
+    def _message(self, spec: CallSpec, timeout: float, deadline: str) -> dict[str, Any]:
+        tool, arguments = spec[0], spec[1]
+        headers: Mapping[str, str] = spec[2] if len(spec) > 2 else {}
+        message: dict[str, Any] = {
+            "callId": str(uuid.uuid4()),
+            "tool": tool,
+            "arguments": dict(arguments),
+            "timeoutSeconds": timeout,
+            "deadline": deadline,
+            "replyTo": self.reply_stream,
+        }
+        if headers:
+            message["headers"] = dict(headers)
+        return message
+
+    async def _result_or_timeout(self, call_id: str, tool: str, timeout: float) -> ToolResult:
+        try:
+            return await self.result(call_id, timeout)
+        except TimeoutError:
+            self._waiting.pop(call_id, None)
+            return ToolResult(
+                call_id=call_id,
+                tool=tool,
+                exit_code=28,
+                error={"type": "timeout", "message": f"The tool did not answer within {timeout:g} seconds."},
+            )
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read_replies())
+
+    async def _read_replies(self) -> None:
+        last_id = "0-0"
+        while not self._closing:
+            try:
+                answer: Any = await self._reader_redis.xread(
+                    {self.reply_stream: last_id}, count=_READ_COUNT, block=_READ_BLOCK_MS
+                )
+            except RedisError:
+                if not self._closing:
+                    await asyncio.sleep(0.5)  # Redis is away: try again without spinning
+                continue
+            for _stream, entries in answer or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    self._deliver(json.loads(fields[b"envelope"]))
+            if answer:
+                await self._reader_redis.xtrim(self.reply_stream, minid=last_id, approximate=False)
+
+    def _deliver(self, envelope: dict[str, Any]) -> None:
+        future = self._waiting.get(str(envelope.get("callId")))
+        if future is not None and not future.done():
+            future.set_result(envelope)
+
+    async def _stored(self, call_id: str) -> dict[str, Any] | None:
+        raw = await self._redis.get(RESULT_KEY_PREFIX + call_id)
+        return None if raw is None else envelope_from_meta(raw)
+
+    async def _poll_stored(self, call_id: str, timeout: float) -> ToolResult:
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            envelope = await self._stored(call_id)
+            if envelope is not None:
+                return ToolResult.from_dict(envelope)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no result for call {call_id} within {timeout:g} s")
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+
+class CallHandle:
+    """A submitted call; `.get(timeout)` waits for its envelope."""
+
+    def __init__(self, client: ToolClient, call_id: str) -> None:
+        self._client = client
+        self.call_id = call_id
+
+    def get(self, timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
+        return self._client._run(self._client._async.result(self.call_id, timeout), timeout)
+
+
+class ToolClient:
+    """The synchronous client: the asyncio client on a background loop."""
+
+    def __init__(self, redis_url: str | None = None, *, queue: str = DEFAULT_QUEUE) -> None:
+        self._loop = LoopThread("toolclient-loop")
+        self._async = self._run(_make_async(redis_url, queue), 30)
+
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> ToolResult:
+        return self._run(self._async.acall(tool, arguments, headers=headers, timeout=timeout), timeout)
+
+    def submit(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> CallHandle:
+        call_ids = self._run(self._async.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout), 30)
+        return CallHandle(self, call_ids[0])
+
+    def call_many(self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
+        return self._run(self._async.acall_many(list(calls), timeout=timeout), timeout)
+
+    def close(self) -> None:
+        self._loop.stop(self._async.aclose())
+
+    def __enter__(self) -> ToolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        return self._loop.run(coro, timeout + 30)
+
+
+async def _make_async(redis_url: str | None, queue: str) -> AsyncToolClient:
+    return AsyncToolClient(redis_url, queue=queue)

@@ -1,0 +1,259 @@
+"""One tool call, start to envelope: resolve, validate, render, send (with retries), shape the result."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import structlog
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError as SchemaViolation
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from yarl import URL
+
+from worker import errors, logs
+from worker.constants import MAX_ARGUMENTS_BYTES
+from worker.envelope import ToolResult
+from worker.rendering import PreparedRequest, redact, render
+from worker.tools import IDEMPOTENT_METHODS, Tool, ToolSet, Upstream
+from worker.transport import Limits, Response, Transport
+
+log = structlog.get_logger("toolworker.call")
+_MAX_REPORTED_ERRORS = 5
+
+
+class ToolCall(BaseModel):
+    """The job of SPEC §3, validated at the queue boundary."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    call_id: str = Field(alias="callId", min_length=1, max_length=256)
+    tool: str = Field(min_length=1, max_length=256)
+    arguments: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    session_id: str | None = Field(None, alias="sessionId")
+    timeout_s: float | None = Field(None, alias="timeoutSeconds", gt=0, le=86_400)
+    deadline: datetime | None = None
+    reply_to: str | None = Field(None, alias="replyTo", min_length=1, max_length=512)
+
+
+@dataclass
+class Runtime:
+    """What calls in one worker process share: the tools, the HTTP pools, the environment."""
+
+    toolset: ToolSet
+    environ: Mapping[str, str]
+    transport: Transport = field(default_factory=Transport)
+    _validators: dict[str, Draft202012Validator] = field(default_factory=dict)
+
+    def resolve(self, name: str) -> tuple[Tool, Upstream]:
+        tool = self.toolset.tools.get(name)
+        if tool is None:
+            if name in self.toolset.unusable:
+                raise errors.ToolMisconfigured(
+                    f"The tool {name!r} cannot be used because its definition is broken. Tell the operator."
+                )
+            raise errors.UnknownTool(f"There is no tool named {name!r}. Use one of the tools you were given.")
+        return tool, self.toolset.upstreams[tool.upstream]
+
+    def validator(self, tool: Tool) -> Draft202012Validator:
+        validator = self._validators.get(tool.name)
+        if validator is None:
+            validator = self._validators[tool.name] = Draft202012Validator(tool.input_schema)
+        return validator
+
+
+def parse_call(message: Any, task_id: str) -> ToolCall:
+    """Validate a queue message; callId defaults to the Celery task id."""
+    if not isinstance(message, dict):
+        raise errors.InvalidArguments("The tool call must be a JSON object with at least a `tool` field.")
+    try:
+        return ToolCall.model_validate({"callId": task_id, **message})
+    except ValidationError as exc:
+        problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors()[:5])
+        raise errors.InvalidArguments(f"The tool call message is invalid: {problems}.") from None
+
+
+async def execute(call: ToolCall, runtime: Runtime, received_at: float | None = None) -> ToolResult:
+    """Run one call; every outcome, including a bug in the worker, is an envelope."""
+    started = time.perf_counter()
+    envelope = ToolResult(call_id=call.call_id, tool=call.tool)
+    with structlog.contextvars.bound_contextvars(callId=call.call_id, tool=call.tool):
+        try:
+            await _run(call, runtime, envelope, time.time() if received_at is None else received_at)
+        except errors.ToolError as exc:
+            envelope.error = {"type": exc.type, "message": exc.message}
+            envelope.exit_code = exc.exit_code
+        except Exception:
+            log.exception("call.internal_error")
+            envelope.error = {"type": "internal_error", "message": "The worker failed while running this tool."}
+            envelope.exit_code = errors.InternalError.exit_code
+        envelope.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+        log.info(
+            "call.finished",
+            exitCode=envelope.exit_code,
+            statusCode=envelope.status_code,
+            attempts=envelope.attempts,
+            durationMs=envelope.duration_ms,
+        )
+    return envelope
+
+
+async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_at: float) -> None:
+    deadline = _deadline(call, received_at)
+    tool, upstream = runtime.resolve(call.tool)
+    structlog.contextvars.bind_contextvars(upstream=upstream.name)
+    arguments = validate_arguments(call.arguments, runtime.validator(tool))
+    request = render(tool, upstream, arguments, call.headers, runtime.environ)
+    logs.bind_secrets(request.secrets)
+    if request.dropped_headers:
+        log.info("call.headers_dropped", headers=list(request.dropped_headers))
+    _describe_request(envelope, request, upstream)
+    response = await _send_with_retries(runtime.transport, request, upstream, deadline, envelope)
+    shape_result(envelope, response, tool, upstream, request.secrets)
+
+
+def _deadline(call: ToolCall, received_at: float) -> float:
+    """The wall-clock time by which the call must be over (the earlier of deadline and timeout)."""
+    now = time.time()
+    limits = []
+    if call.deadline is not None:
+        at = call.deadline if call.deadline.tzinfo else call.deadline.replace(tzinfo=UTC)
+        limits.append(at.timestamp())
+    if call.timeout_s is not None:
+        limits.append(received_at + call.timeout_s)
+    deadline = min(limits, default=float("inf"))
+    if deadline <= now:
+        raise errors.DeadlineExceeded("The call's deadline passed before it could start; it was not sent.")
+    return deadline
+
+
+def validate_arguments(arguments: dict[str, Any], validator: Draft202012Validator) -> dict[str, Any]:
+    size = len(json.dumps(arguments, separators=(",", ":")))
+    if size > MAX_ARGUMENTS_BYTES:
+        raise errors.InvalidArguments(f"The arguments are too large ({size} bytes; at most {MAX_ARGUMENTS_BYTES}).")
+    problems = [_explain(e) for e in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))]
+    if problems:
+        shown = problems[:_MAX_REPORTED_ERRORS]
+        more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
+        raise errors.InvalidArguments("Invalid arguments: " + "; ".join(shown) + more + ".")
+    return arguments
+
+
+def _explain(error: SchemaViolation) -> str:
+    where = ".".join(str(p) for p in error.absolute_path)
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [p for p in cast(list[str], error.validator_value) if p not in error.instance]
+        names = ", ".join(f"`{'.'.join(filter(None, [where, p]))}`" for p in missing)
+        return f"{names} {'is' if len(missing) == 1 else 'are'} required"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        return f"{error.message}" + (f" in `{where}`" if where else "")
+    return f"`{where or 'arguments'}`: {error.message}"
+
+
+def _describe_request(envelope: ToolResult, request: PreparedRequest, upstream: Upstream) -> None:
+    envelope.method = request.method
+    envelope.url = redact(request.url, request.secrets)
+    envelope.headers = request.redacted_headers()
+    if request.body is not None:
+        text = request.body[: upstream.max_output_chars * 4].decode("utf-8", "replace")
+        envelope.body = redact(text, request.secrets)[: upstream.max_output_chars]
+
+
+async def _send_with_retries(
+    transport: Transport, request: PreparedRequest, upstream: Upstream, deadline: float, envelope: ToolResult
+) -> Response:
+    policy = upstream.retry
+    may_retry = request.method in IDEMPOTENT_METHODS or policy.unsafe_methods
+    attempts = policy.attempts if may_retry else 1
+    limits = Limits(upstream.max_response_bytes, upstream.connect_timeout_s)
+    check = _redirect_check(request, upstream)
+    for attempt in range(1, attempts + 1):
+        envelope.attempts = attempt
+        budget = min(upstream.timeout_s, deadline - time.time())
+        if budget <= 0:
+            raise errors.TimedOut("The call ran out of time before the upstream answered.")
+        try:
+            async with asyncio.timeout(budget):
+                response = await transport.send(request, upstream, limits, check)
+        except TimeoutError:
+            if attempt == attempts:
+                raise errors.TimedOut(f"The upstream did not answer within {budget:.3g} seconds.") from None
+        except errors.TransportError as exc:
+            if attempt == attempts or not exc.retryable:
+                raise
+        else:
+            if attempt == attempts or response.status not in policy.statuses:
+                return response
+        await asyncio.sleep(min(_backoff(policy.backoff_s, policy.max_backoff_s, attempt), deadline - time.time()))
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _backoff(base_s: float, cap_s: float, attempt: int) -> float:
+    """Exponential backoff with full jitter."""
+    return random.uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))
+
+
+def _redirect_check(request: PreparedRequest, upstream: Upstream) -> Any:
+    origin = URL(request.url, encoded=True).origin()
+
+    def check(target: URL) -> None:
+        if target.scheme not in {"http", "https"}:
+            raise errors.EgressBlocked("Blocked by the egress policy: redirect to a non-HTTP scheme.")
+        if target.origin() != origin and not upstream.allow_offsite_redirects:
+            raise errors.EgressBlocked("Blocked by the egress policy: the upstream redirected to another host.")
+
+    return check
+
+
+def shape_result(
+    envelope: ToolResult, response: Response, tool: Tool, upstream: Upstream, secrets: frozenset[str]
+) -> None:
+    """Fill the envelope from the response: transform, decode, redact, truncate."""
+    envelope.status_code = response.status
+    envelope.content_type = response.content_type
+    ok = 200 <= response.status < 300
+    text = decode(response.body, response.charset)
+    if ok and tool.transform is not None:
+        if not response.complete:
+            raise errors.ResponseTooLarge(
+                f"The response is larger than {upstream.max_response_bytes} bytes, "
+                "and this tool needs the whole body to extract its result."
+            )
+        text = _transformed(tool, text)
+    limit = tool.max_output_chars or upstream.max_output_chars
+    text = redact(text, secrets)
+    envelope.result = text[:limit]
+    envelope.truncated = len(text) > limit or not response.complete
+    if not ok:
+        envelope.exit_code = 22
+        envelope.error = {
+            "type": "http_error",
+            "message": f"The call failed: the upstream answered HTTP {response.status} {response.reason}. "
+            "Its response body is in `result`.",
+        }
+
+
+def decode(body: bytes, charset: str | None) -> str:
+    try:
+        codec = codecs.lookup(charset or "utf-8").name
+    except LookupError:
+        codec = "utf-8"
+    return body.decode(codec, errors="replace")
+
+
+def _transformed(tool: Tool, text: str) -> str:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        log.warning("call.transform_skipped", reason="response is not JSON")
+        return text
+    assert tool.transform is not None
+    return json.dumps(tool.transform(data), ensure_ascii=False)

@@ -1,0 +1,70 @@
+"""structlog, configured once: one JSON object per line, secrets redacted before rendering."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from contextvars import ContextVar
+from typing import Any
+
+import structlog
+
+from worker.constants import REDACTED
+
+_SECRET_KEY = re.compile(r"token|secret|key|auth|password|cookie|credential", re.IGNORECASE)
+# Event keys whose names match the pattern but hold no secret.
+_SAFE_KEYS = frozenset({"event", "callId"})
+# The secret values of the call being logged (from ${env:...}, secret headers, call headers).
+_call_secrets: ContextVar[tuple[str, ...]] = ContextVar("toolworker_call_secrets", default=())
+
+
+def bind_secrets(secrets: Iterable[str]) -> None:
+    """Redact these values from every log line of the current call (the current context)."""
+    _call_secrets.set(tuple(sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True)))
+
+
+def redact_secret_values(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    secrets = _call_secrets.get()
+    if secrets:
+        for key, value in event.items():
+            if isinstance(value, str):
+                for secret in secrets:
+                    value = value.replace(secret, REDACTED)
+                event[key] = value
+    return event
+
+
+def redact_secret_keys(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Replace the values of keys that name a secret, at any depth of mappings."""
+    for key, value in event.items():
+        if key in _SAFE_KEYS:
+            continue
+        if _SECRET_KEY.search(key):
+            event[key] = REDACTED
+        elif isinstance(value, dict):
+            event[key] = redact_secret_keys(None, "", dict(value))
+    return event
+
+
+def configure(log_format: str = "json", level: str = "INFO") -> None:
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if log_format == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_secret_keys,
+            structlog.processors.format_exc_info,
+            redact_secret_values,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )

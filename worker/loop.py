@@ -1,0 +1,56 @@
+"""One long-lived asyncio loop in a background thread, shared by every thread of the process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """Runs coroutines from synchronous threads on one persistent loop (connection pools survive)."""
+
+    def __init__(self, name: str = "toolworker-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"the coroutine did not finish within {timeout_s} s") from None
+
+    def stop(self, cleanup: Coroutine[Any, Any, Any] | None = None, timeout_s: float = 5.0) -> None:
+        if cleanup is not None and self.loop.is_running():
+            with contextlib.suppress(TimeoutError):  # stopping anyway; the process is going away
+                self.run(cleanup, timeout_s)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+_process_loop: tuple[int, LoopThread] | None = None
+_lock = threading.Lock()
+
+
+def process_loop() -> LoopThread:
+    """The loop of this process, started on first use (and again in a forked child)."""
+    global _process_loop
+    with _lock:
+        if _process_loop is None or _process_loop[0] != os.getpid():
+            _process_loop = (os.getpid(), LoopThread())
+        return _process_loop[1]

@@ -1,0 +1,89 @@
+"""The wire format: Celery protocol 2 messages as kombu's Redis transport stores them, and result metas.
+
+Anything that can LPUSH a JSON string onto a Redis list can enqueue a call; the README shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from worker.constants import REDACTED, TASK_EXECUTE
+
+_ARGSREPR_MAX = 1024
+_ORIGIN = f"toolworker@{socket.gethostname()}"
+
+
+def redacted_repr(message: Any) -> str:
+    """What Flower and task events show of a call: header values hidden, length capped."""
+    if isinstance(message, list):
+        return "[" + ", ".join(redacted_repr(item) for item in message) + "]"
+    if isinstance(message, dict) and isinstance(message.get("headers"), dict):
+        message = {**message, "headers": dict.fromkeys(message["headers"], REDACTED)}
+    try:
+        text = json.dumps(message, ensure_ascii=False, default=str)
+    except ValueError:
+        text = "<unrepresentable>"
+    return text if len(text) <= _ARGSREPR_MAX else text[: _ARGSREPR_MAX - 3] + "..."
+
+
+def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXECUTE) -> str:
+    """A Celery protocol 2 message, JSON body, as a string to LPUSH onto the queue's list."""
+    body = json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    return json.dumps(
+        {
+            "body": body,
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {
+                "lang": "py",
+                "task": task,
+                "id": task_id,
+                "root_id": task_id,
+                "parent_id": None,
+                "group": None,
+                "retries": 0,
+                "eta": None,
+                "expires": None,
+                "timelimit": [None, None],
+                "argsrepr": redacted_repr(args),
+                "kwargsrepr": "{}",
+                "origin": _ORIGIN,
+                "ignore_result": True,
+            },
+            "properties": {
+                "correlation_id": task_id,
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
+
+
+def result_meta(call_id: str, envelope: dict[str, Any]) -> str:
+    """The result as Celery's Redis backend stores it, so `AsyncResult(callId).get()` works too."""
+    return json.dumps(
+        {
+            "status": "SUCCESS",
+            "result": envelope,
+            "traceback": None,
+            "children": [],
+            "date_done": datetime.now(UTC).isoformat(),
+            "task_id": call_id,
+        },
+        ensure_ascii=False,
+    )
+
+
+def envelope_from_meta(raw: bytes | str) -> dict[str, Any] | None:
+    """The envelope inside a stored result, or None for a state that is not final."""
+    meta = json.loads(raw)
+    if meta.get("status") != "SUCCESS" or not isinstance(meta.get("result"), dict):
+        return None
+    envelope: dict[str, Any] = meta["result"]
+    return envelope

@@ -1,0 +1,89 @@
+"""What a worker process runs for each message: parse, skip what is done, execute, publish."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any
+
+import structlog
+
+from worker import errors, store
+from worker.envelope import ToolResult
+from worker.execution import Runtime, ToolCall, execute, parse_call
+from worker.loop import process_loop
+from worker.results import Publisher, connect
+from worker.settings import Settings, get_settings
+from worker.transport import Transport
+
+log = structlog.get_logger("toolworker.service")
+
+
+class Service:
+    def __init__(self, runtime: Runtime, publisher: Publisher) -> None:
+        self.runtime = runtime
+        self.publisher = publisher
+
+    async def serve(self, messages: list[Any], task_id: str, batch: bool) -> list[dict[str, Any]]:
+        """Answer every message with exactly one published envelope; return short summaries."""
+        received_at = time.time()
+        parsed = [_parse(message, task_id, i if batch else None) for i, message in enumerate(messages)]
+        done = await self.publisher.already_done([p.call_id for p in parsed])
+        if done:
+            log.info("call.already_answered", callIds=sorted(done))
+        pending = [p for p in parsed if p.call_id not in done]
+        return list(await asyncio.gather(*(self._answer(p, received_at) for p in pending)))
+
+    async def _answer(self, item: ToolCall | ToolResult, received_at: float) -> dict[str, Any]:
+        if isinstance(item, ToolResult):  # the message itself was invalid
+            result, reply_to = item, None
+        else:
+            result, reply_to = await execute(item, self.runtime, received_at), item.reply_to
+        await self.publisher.publish([(result, reply_to)])
+        return {"callId": result.call_id, "exitCode": result.exit_code, "statusCode": result.status_code}
+
+
+def _parse(message: Any, task_id: str, index: int | None) -> ToolCall | ToolResult:
+    """A call, or a ready failure envelope when the message cannot be a call."""
+    default_id = task_id if index is None else f"{task_id}:{index}"
+    try:
+        return parse_call(message, default_id)
+    except errors.ToolError as exc:
+        call_id, tool = default_id, "?"
+        if isinstance(message, dict):
+            call_id = str(message.get("callId") or default_id)[:256]
+            tool = str(message.get("tool") or "?")[:256]
+        log.warning("call.invalid_message", callId=call_id, reason=exc.message)
+        return ToolResult.failure(call_id, tool, exc)
+
+
+def build_service(settings: Settings) -> Service:
+    toolset = store.load([settings.definitions])
+    for problem in toolset.problems:
+        log.warning("definitions.problem", problem=str(problem))
+    log.info("definitions.loaded", tools=len(toolset.tools), unusable=len(toolset.unusable))
+    runtime = Runtime(toolset=toolset, environ=dict(os.environ), transport=Transport(settings.dns_server_list))
+    publisher = Publisher(connect(settings.redis_url), settings.result_ttl_seconds, settings.reply_stream_maxlen)
+    return Service(runtime, publisher)
+
+
+_service: tuple[int, Service] | None = None
+_lock = threading.Lock()
+
+
+def process_service() -> Service:
+    """The service of this process, built on first use (and again in a forked child)."""
+    global _service
+    with _lock:
+        if _service is None or _service[0] != os.getpid():
+            _service = (os.getpid(), build_service(get_settings()))
+        return _service[1]
+
+
+def run_messages(messages: list[Any], task_id: str, batch: bool) -> list[dict[str, Any]]:
+    """Bridge from a Celery pool thread to the process loop."""
+    service = process_service()
+    timeout_s = get_settings().visibility_timeout_seconds
+    return process_loop().run(service.serve(messages, task_id, batch), timeout_s)

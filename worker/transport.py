@@ -1,0 +1,169 @@
+"""The only module that speaks HTTP: pooled aiohttp sessions, redirects, capped reads, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp.resolver import AsyncResolver
+from yarl import URL
+
+from worker import errors
+from worker.constants import MAX_REDIRECTS
+from worker.rendering import PreparedRequest, is_secret_header
+from worker.tools import Upstream
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_CHUNK_BYTES = 64 * 1024
+# Called with each redirect target; raises EgressBlocked when the hop is not allowed.
+RedirectCheck = Callable[[URL], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    reason: str
+    content_type: str | None
+    charset: str | None
+    body: bytes
+    # False when the read stopped at max_response_bytes.
+    complete: bool
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_bytes: int
+    connect_timeout_s: float
+
+
+class Transport:
+    """One aiohttp session (and connection pool) per upstream, reused by every call on this loop."""
+
+    def __init__(self, dns_servers: list[str] | None = None) -> None:
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._dns_servers = dns_servers or []
+
+    def session(self, upstream: Upstream) -> aiohttp.ClientSession:
+        session = self._sessions.get(upstream.name)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=upstream.max_concurrency,
+                limit_per_host=0,
+                ssl=upstream.verify_tls,
+                ttl_dns_cache=60,
+                resolver=AsyncResolver(nameservers=self._dns_servers) if self._dns_servers else None,
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                # Calls from different users share this pool: never carry cookies between them.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+                headers={"User-Agent": "toolworker"},
+            )
+            self._sessions[upstream.name] = session
+        return session
+
+    async def send(
+        self, request: PreparedRequest, upstream: Upstream, limits: Limits, check_redirect: RedirectCheck
+    ) -> Response:
+        """Send one attempt, following up to MAX_REDIRECTS redirects; the caller bounds the total time."""
+        session = self.session(upstream)
+        method, url, headers, body = request.method, URL(request.url, encoded=True), list(request.headers), request.body
+        for _ in range(MAX_REDIRECTS + 1):
+            response, location = await _send_once(session, method, url, headers, body, limits)
+            if location is None:
+                return response
+            target = url.join(URL(location))
+            check_redirect(target)
+            if target.origin() != url.origin():  # like browsers and requests: credentials stay with their origin
+                headers = [(k, v) for k, v in headers if not is_secret_header(k)]
+            if response.status == 303 or (response.status in {301, 302} and method == "POST"):
+                method, body = "GET", None
+                headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
+            url = target
+        raise errors.TooManyRedirects(f"The upstream redirected more than {MAX_REDIRECTS} times; giving up.")
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+
+async def _send_once(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    headers: list[tuple[str, str]],
+    body: bytes | None,
+    limits: Limits,
+) -> tuple[Response, str | None]:
+    timeout = aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout_s)
+    host = url.host or ""
+    try:
+        context = session.request(
+            method, url, headers=headers, data=body, allow_redirects=False, timeout=timeout, max_line_size=16384
+        )
+        async with context as resp:
+            location = resp.headers.get("Location") if resp.status in _REDIRECTS else None
+            if location is not None:
+                return _response(resp, b"", True), location
+            data, complete = await _read_capped(resp, limits.max_bytes, host)
+            return _response(resp, data, complete), None
+    except aiohttp.InvalidURL as exc:
+        raise errors.MalformedURL(f"The request URL is malformed: {exc}") from None
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise translate(exc, host) from exc
+
+
+def _response(resp: aiohttp.ClientResponse, body: bytes, complete: bool) -> Response:
+    return Response(
+        status=resp.status,
+        reason=resp.reason or "",
+        content_type=resp.headers.get("Content-Type"),
+        charset=resp.charset,
+        body=body,
+        complete=complete,
+        url=str(resp.url),
+    )
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, host: str) -> tuple[bytes, bool]:
+    """Read at most max_bytes (after decompression); the connection is dropped if more is left."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in resp.content.iter_chunked(_CHUNK_BYTES):
+            room = max_bytes - size
+            if len(chunk) > room:
+                chunks.append(chunk[:room])
+                resp.close()
+                return b"".join(chunks), False
+            chunks.append(chunk)
+            size += len(chunk)
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, OSError) as exc:
+        raise errors.ReceiveFailed(f"The connection to {host} broke while the response was being received.") from exc
+    return b"".join(chunks), True
+
+
+def translate(exc: BaseException, host: str) -> errors.ToolError:
+    """Map an aiohttp/asyncio failure before or during the response head onto the exit-code tree."""
+    if isinstance(exc, errors.ToolError):
+        return exc
+    if isinstance(exc, asyncio.TimeoutError):  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
+        return errors.TimedOut(f"The request to {host} timed out.")
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return errors.HostNotFound(f"The host {host} could not be resolved.")
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return errors.TLSFailed(f"The TLS connection to {host} failed (certificate or handshake).")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return errors.ConnectFailed(f"Could not connect to {host}.")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return errors.EmptyResponse(f"{host} closed the connection without sending a response.")
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return errors.ReceiveFailed(f"Receiving the response from {host} failed.")
+    return errors.InternalError("The request failed inside the worker.")
