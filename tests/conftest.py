@@ -101,7 +101,10 @@ def stop_worker(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="session")
 def worker(
-    redis_server: EmbeddedRedis, upstream: Upstream, dns_server: NxDomainServer, tmp_path_factory: pytest.TempPathFactory
+    redis_server: EmbeddedRedis,
+    upstream: Upstream,
+    dns_server: NxDomainServer,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[WorkerProcess]:
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     env = worker_env(redis_server.url, upstream.url, dns_server.address, FIXTURES / "integration")

@@ -75,7 +75,9 @@ def make_upstream(state: UpstreamState) -> web.Application:
         return web.Response(body=payload, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
 
     async def latin1(request: web.Request) -> web.Response:
-        return web.Response(body="café crème".encode("latin-1"), headers={"Content-Type": "text/plain; charset=iso-8859-1"})
+        return web.Response(
+            body="café crème".encode("latin-1"), headers={"Content-Type": "text/plain; charset=iso-8859-1"}
+        )
 
     app = web.Application(middlewares=[record])
     app.router.add_route("*", "/echo{tail:.*}", echo)

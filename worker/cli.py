@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     worker = commands.add_parser("worker", help="run a worker (extra arguments go to `celery worker`)")
-    worker.add_argument("-c", "--concurrency", type=int, help="pool threads (TOOLWORKER_CONCURRENCY)")
+    worker.add_argument("-c", "--concurrency", type=int, help="pool size (TOOLWORKER_CONCURRENCY)")
+    worker.add_argument("-P", "--pool", choices=["threads", "prefork", "solo"], default="threads")
     worker.add_argument("-Q", "--queues", help="comma-separated queues to consume (default: toolcalls)")
     worker.add_argument("-n", "--hostname", help="worker node name")
     worker.add_argument("--loglevel", default="INFO")
@@ -74,7 +75,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
-    argv = ["worker", "-P", "threads", "-c", str(args.concurrency or settings.concurrency), "--loglevel", args.loglevel]
+    argv = ["worker", "-P", args.pool, "-c", str(args.concurrency or settings.concurrency), "--loglevel", args.loglevel]
     argv += ["-E", "-Q", args.queues or "toolcalls"]
     if args.hostname:
         argv += ["-n", args.hostname]

@@ -37,8 +37,9 @@ CallSpec = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], Mapping
 
 
 class AsyncToolClient:
-    def __init__(self, redis_url: str | None = None, *, queue: str = DEFAULT_QUEUE) -> None:
+    def __init__(self, redis_url: str | None = None, *, queue: str = DEFAULT_QUEUE, max_batch: int = 100) -> None:
         url = redis_url or get_settings().redis_url
+        self._max_batch = max_batch
         self._redis = connect(url)
         # XREAD BLOCK holds its connection; the read loop retries by itself, so redis-py must not.
         self._reader_redis = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
@@ -47,6 +48,10 @@ class AsyncToolClient:
         self.reply_stream = f"toolworker:replies:{uuid.uuid4().hex}"
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
+        # Calls submitted in the same loop tick leave together: one LPUSH, batch messages.
+        self._outbox: list[dict[str, Any]] = []
+        self._outbox_sent: asyncio.Future[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     async def acall(
         self,
@@ -66,18 +71,31 @@ class AsyncToolClient:
         return list(await asyncio.gather(*waits))
 
     async def submit_many(self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
-        """Enqueue calls (one message for one call, a batch message for several); return their callIds."""
+        """Enqueue calls and return their callIds; each call's envelope can be awaited on its own."""
         self._ensure_reader()
         deadline = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
         messages = [self._message(spec, timeout, deadline) for spec in calls]
+        loop = asyncio.get_running_loop()
         for message in messages:
-            self._waiting[message["callId"]] = asyncio.get_running_loop().create_future()
-        if len(messages) == 1:
-            body = task_message(messages[0]["callId"], [messages[0]], self._queue, TASK_EXECUTE)
-        else:
-            body = task_message(str(uuid.uuid4()), [messages], self._queue, TASK_EXECUTE_BATCH)
-        await self._redis.lpush(self._queue, body)
+            self._waiting[message["callId"]] = loop.create_future()
+        self._outbox.extend(messages)
+        if self._outbox_sent is None:
+            self._outbox_sent = loop.create_future()
+            self._flusher = loop.create_task(self._flush())  # referenced: a bare task may be collected
+        await asyncio.shield(self._outbox_sent)
         return [m["callId"] for m in messages]
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # one tick: concurrent submitters join this flush
+        messages, self._outbox = self._outbox, []
+        sent, self._outbox_sent = self._outbox_sent, None
+        assert sent is not None
+        try:
+            await self._redis.lpush(self._queue, *task_messages(messages, self._queue, self._max_batch))
+        except Exception as exc:  # every waiting submitter sees the failure
+            sent.set_exception(exc)
+        else:
+            sent.set_result(None)
 
     async def result(self, call_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
         """The envelope of a call; raises TimeoutError when it does not come in time."""
@@ -173,6 +191,18 @@ class AsyncToolClient:
                 raise TimeoutError(f"no result for call {call_id} within {timeout:g} s")
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
+
+
+def task_messages(calls: list[dict[str, Any]], queue: str, max_batch: int) -> list[str]:
+    """Celery messages for these calls: one execute message for a lone call, else batches of max_batch."""
+    bodies = []
+    for start in range(0, len(calls), max_batch):
+        chunk = calls[start : start + max_batch]
+        if len(chunk) == 1:
+            bodies.append(task_message(chunk[0]["callId"], [chunk[0]], queue, TASK_EXECUTE))
+        else:
+            bodies.append(task_message(str(uuid.uuid4()), [chunk], queue, TASK_EXECUTE_BATCH))
+    return bodies
 
 
 class CallHandle:

@@ -8,7 +8,7 @@ import json
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -111,7 +111,8 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     tool, upstream = runtime.resolve(call.tool)
     structlog.contextvars.bind_contextvars(upstream=upstream.name)
     arguments = validate_arguments(call.arguments, runtime.validator(tool))
-    request = render(tool, upstream, arguments, call.headers, runtime.environ)
+    encoded_size(call.headers)
+    request = with_idempotency_key(render(tool, upstream, arguments, call.headers, runtime.environ), upstream, call)
     logs.bind_secrets(request.secrets)
     if request.dropped_headers:
         log.info("call.headers_dropped", headers=list(request.dropped_headers))
@@ -136,7 +137,7 @@ def _deadline(call: ToolCall, received_at: float) -> float:
 
 
 def validate_arguments(arguments: dict[str, Any], validator: Draft202012Validator) -> dict[str, Any]:
-    size = len(json.dumps(arguments, separators=(",", ":")))
+    size = encoded_size(arguments)
     if size > MAX_ARGUMENTS_BYTES:
         raise errors.InvalidArguments(f"The arguments are too large ({size} bytes; at most {MAX_ARGUMENTS_BYTES}).")
     problems = [_explain(e) for e in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))]
@@ -145,6 +146,14 @@ def validate_arguments(arguments: dict[str, Any], validator: Draft202012Validato
         more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
         raise errors.InvalidArguments("Invalid arguments: " + "; ".join(shown) + more + ".")
     return arguments
+
+
+def encoded_size(value: Any) -> int:
+    """UTF-8 size of a JSON value; text that is not valid Unicode (a lone surrogate) is refused."""
+    try:
+        return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    except UnicodeEncodeError:
+        raise errors.InvalidArguments("The arguments or headers contain text that is not valid Unicode.") from None
 
 
 def _explain(error: SchemaViolation) -> str:
@@ -156,6 +165,15 @@ def _explain(error: SchemaViolation) -> str:
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         return f"{error.message}" + (f" in `{where}`" if where else "")
     return f"`{where or 'arguments'}`: {error.message}"
+
+
+def with_idempotency_key(request: PreparedRequest, upstream: Upstream, call: ToolCall) -> PreparedRequest:
+    """Unsafe methods are retried only on opt-in, and then carry the callId so the upstream can dedupe."""
+    if request.method in IDEMPOTENT_METHODS or not upstream.retry.unsafe_methods:
+        return request
+    if any(name.lower() == "idempotency-key" for name, _ in request.headers):
+        return request
+    return replace(request, headers=(*request.headers, ("Idempotency-Key", call.call_id)))
 
 
 def _describe_request(envelope: ToolResult, request: PreparedRequest, upstream: Upstream) -> None:

@@ -261,11 +261,61 @@ def _checked_call_header(name: str, value: Any, upstream: Upstream) -> str | Non
 
 def _render_body(body: Body, content_type: str, ctx: _Context) -> Any:
     if body.kind == "text":
-        encode = _json_escape if is_json(content_type) else quote_plus if is_form(content_type) else None
-        return ctx.interpolate(body.value, encode)
+        single = body.value.single_arg
+        if single is not None and ctx.arguments.get(single) is None:
+            return None  # the whole body is an absent optional argument: send none
+        if is_json(content_type):
+            return _render_json_text(body.value, ctx)
+        return ctx.interpolate(body.value, _form_encode if is_form(content_type) else None)
     if body.kind == "structured":
-        return _render_tree(body.value, ctx)
+        value = _render_tree(body.value, ctx)
+        return None if value is _ABSENT else value
     return None
+
+
+def _form_encode(value: Any, text: str) -> str:
+    return quote_plus(text)
+
+
+def _render_json_text(template: Template, ctx: _Context) -> str:
+    """A JSON text template: a value inside a string literal is escaped, elsewhere it is one JSON value."""
+    out: list[str] = []
+    in_string = False
+    for part in template.parts:
+        if isinstance(part, str):
+            out.append(part)
+            in_string = _ends_inside_string(part, in_string)
+            continue
+        value = ctx.env(part) if isinstance(part, Env) else ctx.arguments.get(part.name)
+        out.append(_json_in_string(value) if in_string else _json_value(value))
+    return "".join(out)
+
+
+def _ends_inside_string(text: str, in_string: bool) -> bool:
+    escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\" and in_string:
+            escaped = True
+        elif char == '"':
+            in_string = not in_string
+    return in_string
+
+
+def _json_in_string(value: Any) -> str:
+    text = "" if value is None else to_text(value)
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _json_value(value: Any) -> str:
+    """Exactly one JSON value: a string that already is JSON text is kept as that value."""
+    if isinstance(value, str):
+        try:
+            return json.dumps(json.loads(value), ensure_ascii=False, separators=(",", ":"))
+        except ValueError:
+            pass
+    return json.dumps(value, ensure_ascii=False)
 
 
 _ABSENT = object()
@@ -283,12 +333,6 @@ def _render_tree(node: Any, ctx: _Context) -> Any:
     if isinstance(node, list):
         return [v for v in (_render_tree(value, ctx) for value in node) if v is not _ABSENT]
     return node
-
-
-def _json_escape(value: Any, text: str) -> str:
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)[1:-1]
-    return json.dumps(value, ensure_ascii=False)
 
 
 def _encode_body(value: Any, content_type: str) -> bytes | None:

@@ -29,16 +29,19 @@ return 1
 """
 
 
-def connect(url: str) -> aioredis.Redis:
-    """A client that rides out a Redis restart: reconnect with backoff for about a minute."""
-    retry = Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.1), retries=20)
-    return aioredis.Redis.from_url(
+def connect(url: str, max_connections: int = 32) -> aioredis.Redis:
+    """A client that rides out a Redis restart (reconnects with backoff for about a minute) and
+    queues for a connection under load instead of failing."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
-        retry=retry,
+        max_connections=max_connections,
+        timeout=30,
+        retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.1), retries=20),
         retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError],
         health_check_interval=30,
         socket_keepalive=True,
     )
+    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes its connections
 
 
 class Publisher:

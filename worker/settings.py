@@ -29,7 +29,6 @@ class Settings(BaseSettings):
     # Redelivery of unacknowledged messages; must exceed the longest call.
     visibility_timeout_seconds: int = Field(3600, ge=60)
 
-
     @property
     def dns_server_list(self) -> list[str]:
         return [s.strip() for s in self.dns_servers.split(",") if s.strip()]

@@ -66,11 +66,14 @@ class MissingEnv(LookupError):
 
 
 def resolve_env(part: Env, environ: Mapping[str, str]) -> str:
+    """Like the shell's `${NAME:-default}`: the default also stands in for an empty value."""
     value = environ.get(part.name)
-    if value is not None:
+    if value:
         return value
     if part.default is not None:
         return part.default
+    if value is not None:
+        return value
     raise MissingEnv(part.name)
 
 
@@ -79,7 +82,7 @@ def _parse_parts(text: str) -> list[Part]:
     literal: list[str] = []
     pos = 0
     for match in _PLACEHOLDER.finditer(text):
-        literal.append(text[pos : match.start()])
+        literal.append(_checked_literal(text[pos : match.start()], text))
         pos = match.end()
         if match.group(1) is None:  # the `$${` escape
             literal.append("${")
@@ -88,10 +91,16 @@ def _parse_parts(text: str) -> list[Part]:
             parts.append("".join(literal))
         literal = []
         parts.append(_placeholder(match.group(1), text))
-    literal.append(text[pos:])
+    literal.append(_checked_literal(text[pos:], text))
     if "".join(literal):
         parts.append("".join(literal))
     return parts
+
+
+def _checked_literal(chunk: str, text: str) -> str:
+    if "${" in chunk:
+        raise TemplateSyntaxError(f"unterminated placeholder in {text!r} (write $${{ for a literal ${{)")
+    return chunk
 
 
 def _placeholder(inner: str, text: str) -> Arg | Env:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -147,7 +147,10 @@ class ToolSet:
 
     def merge(self, other: ToolSet) -> None:
         for name, upstream in other.upstreams.items():
-            if name in self.upstreams:
+            existing = self.upstreams.get(name)
+            if existing is not None and replace(upstream, source=existing.source) == existing:
+                continue  # the same upstream declared again (a toolbox split over several files)
+            if existing is not None:
                 self.problems.append(Problem(upstream.source, f"duplicate upstream {name!r}"))
                 continue
             self.upstreams[name] = upstream

@@ -89,9 +89,13 @@ class DefinitionSyntaxError(ValueError):
 
 def readers() -> Sequence[Reader]:
     """Every known format, most specific first."""
+    from worker.readers.kind_http import KindHttpReader
     from worker.readers.native import NativeReader
+    from worker.readers.openapi import SpecFileReader
+    from worker.readers.toolbox import ToolboxReader
 
-    return [NativeReader()]
+    # A bare OpenAPI spec beside the definitions is read through an `openapi:` entry, not on its own.
+    return [NativeReader(), KindHttpReader(), SpecFileReader(), ToolboxReader()]
 
 
 def read_document(doc: Document) -> ToolSet:

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worker import constants
+from worker.jolt import jolt_transform
 from worker.readers import Document
 from worker.templates import Template, TemplateSyntaxError
 from worker.tools import (
@@ -96,7 +97,9 @@ class NativeReader:
         for index, raw in enumerate(doc.data.get("tools") or []):
             self._read_tool(doc, index, raw, out)
         if doc.data.get("openapi"):
-            out.problems.append(doc.problem("openapi entries are not supported yet", "openapi"))
+            from worker.readers.openapi import read_entries  # here: the openapi reader builds on this module
+
+            out.merge(read_entries(doc, set(doc.data.get("upstreams") or {})))
         return out
 
     def _read_upstream(self, doc: Document, name: str, raw: Any, out: ToolSet) -> None:
@@ -114,6 +117,8 @@ class NativeReader:
             model = ToolModel.model_validate(raw)
         except ValidationError as exc:
             out.problems.extend(doc.validation_problems(exc, *loc))
+            if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+                out.unusable[raw["name"]] = "its definition is invalid"
             return
         try:
             tool = build_tool(model, doc.source(*loc))
@@ -207,5 +212,5 @@ def build_transform(model: TransformModel | None) -> Transform | None:
     if model.jmespath is not None:
         return jmespath_transform(model.jmespath)
     if model.jolt is not None:
-        raise TransformError("jolt transforms are not supported yet")
+        return jolt_transform(model.jolt)
     return None

@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench`, or one script with `python -m benchmarks.NAME`."""

@@ -1,0 +1,336 @@
+"""The HTTP seam against real local aiohttp servers (127.0.0.1 only): redirects, caps, decoding, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from worker import errors
+from worker.rendering import PreparedRequest
+from worker.templates import Template
+from worker.tools import Upstream
+from worker.transport import Limits, Response, Transport
+
+LIMITS = Limits(max_bytes=1024 * 1024, connect_timeout_s=5)
+SECRET_HEADERS = {"Authorization": "Bearer sekrit-1", "X-Api-Key": "sekrit-2"}
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def allow(target: URL) -> None:
+    """A redirect check that lets every hop through."""
+
+
+def upstream_for(url: str, name: str = "local") -> Upstream:
+    return Upstream(name=name, base_url=Template.literal(url), connect_timeout_s=5)
+
+
+def request(method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None) -> PreparedRequest:
+    return PreparedRequest(
+        method=method,
+        url=url,
+        headers=tuple((headers or {}).items()),
+        body=body,
+        secrets=frozenset(),
+        secret_headers=frozenset(),
+    )
+
+
+def make_app(hits: list[str]) -> web.Application:
+    """An upstream with redirect, echo, sized, compressed and cookie endpoints; records each path hit."""
+
+    @web.middleware
+    async def record(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        hits.append(request.path)
+        return await handler(request)
+
+    async def redirects(req: web.Request) -> web.Response:
+        left = int(req.match_info["n"])
+        if left == 0:
+            return web.Response(text="done")
+        raise web.HTTPFound(f"/r/{left - 1}")
+
+    async def echo(req: web.Request) -> web.Response:
+        body = await req.read()
+        return web.json_response({"method": req.method, "headers": dict(req.headers), "body": body.decode()})
+
+    async def redirect_to(req: web.Request) -> web.Response:
+        status = int(req.query.get("status", "302"))
+        return web.Response(status=status, headers={"Location": req.query["url"]})
+
+    async def sized(req: web.Request) -> web.Response:
+        return web.Response(body=b"x" * int(req.match_info["n"]), content_type="text/plain")
+
+    async def compressed(req: web.Request) -> web.Response:
+        raw = b"a" * int(req.match_info["n"])
+        encoding = req.match_info["encoding"]
+        payload = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+        return web.Response(body=payload, headers={"Content-Encoding": encoding, "Content-Type": "text/plain"})
+
+    async def set_cookie(req: web.Request) -> web.Response:
+        response = web.Response(text="cookie set")
+        response.set_cookie("sid", "abc123", path="/")
+        return response
+
+    async def latin1(req: web.Request) -> web.Response:
+        return web.Response(body="café".encode("latin-1"), headers={"Content-Type": "text/plain; charset=iso-8859-1"})
+
+    app = web.Application(middlewares=[record])
+    app.router.add_get("/r/{n}", redirects)
+    app.router.add_route("*", "/echo", echo)
+    app.router.add_route("*", "/redirect-to", redirect_to)
+    app.router.add_get("/bytes/{n}", sized)
+    app.router.add_get("/{encoding:gzip|deflate}/{n}", compressed)
+    app.router.add_get("/set-cookie", set_cookie)
+    app.router.add_get("/latin1", latin1)
+    return app
+
+
+class Site:
+    def __init__(self, server: TestServer, hits: list[str]) -> None:
+        self.server = server
+        self.hits = hits
+
+    def url(self, path: str) -> str:
+        return str(self.server.make_url(path))
+
+
+@pytest.fixture
+async def transport() -> AsyncIterator[Transport]:
+    transport = Transport()
+    yield transport
+    await transport.close()
+
+
+async def start_site() -> Site:
+    hits: list[str] = []
+    server = TestServer(make_app(hits), host="127.0.0.1", port=0)
+    await server.start_server()
+    return Site(server, hits)
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[Site]:
+    started = await start_site()
+    yield started
+    await started.server.close()
+
+
+@pytest.fixture
+async def other_site() -> AsyncIterator[Site]:
+    """A second local server: a different origin (another port)."""
+    started = await start_site()
+    yield started
+    await started.server.close()
+
+
+@pytest.fixture
+async def raw_server() -> AsyncIterator[Callable[[StreamHandler], Awaitable[str]]]:
+    """Start a bare TCP server on loopback with a given connection handler; returns its URL."""
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: StreamHandler) -> str:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        port = server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A loopback port that is bound but not listening: connections are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def send(
+    transport: Transport,
+    req: PreparedRequest,
+    limits: Limits = LIMITS,
+    check: Callable[[URL], None] = allow,
+) -> Response:
+    return await transport.send(req, upstream_for(req.url), limits, check)
+
+
+# --- redirects ---------------------------------------------------------------------------------
+
+
+async def test_five_redirects_are_followed(transport: Transport, site: Site) -> None:
+    """Up to five redirects are followed to the final answer."""
+    response = await send(transport, request("GET", site.url("/r/5")))
+    assert response.status == 200 and response.body == b"done" and response.complete
+    assert response.url.endswith("/r/0")
+    assert len(site.hits) == 6
+
+
+async def test_sixth_redirect_is_too_many(transport: Transport, site: Site) -> None:
+    """A sixth redirect ends the call with TooManyRedirects (exit 47)."""
+    with pytest.raises(errors.TooManyRedirects) as info:
+        await send(transport, request("GET", site.url("/r/6")))
+    assert info.value.exit_code == 47
+    assert "/r/0" not in site.hits
+
+
+async def test_303_turns_post_into_get_without_body(transport: Transport, site: Site) -> None:
+    """A 303 after a POST is followed with a GET that has no body."""
+    target = site.url("/redirect-to") + "?status=303&url=/echo"
+    req = request("POST", target, {"Content-Type": "application/json"}, b'{"a": 1}')
+    response = await send(transport, req)
+    echoed = json.loads(response.body)
+    assert echoed["method"] == "GET" and echoed["body"] == ""
+    assert "Content-Type" not in echoed["headers"]
+    assert echoed["headers"].get("Content-Length", "0") == "0"
+
+
+async def test_307_keeps_method_and_body(transport: Transport, site: Site) -> None:
+    """A 307 is followed with the same method and body."""
+    target = site.url("/redirect-to") + "?status=307&url=/echo"
+    response = await send(transport, request("POST", target, {"Content-Type": "application/json"}, b'{"a": 1}'))
+    echoed = json.loads(response.body)
+    assert echoed["method"] == "POST" and echoed["body"] == '{"a": 1}'
+
+
+async def test_same_origin_redirect_keeps_credentials(transport: Transport, site: Site) -> None:
+    """A redirect within the same origin keeps the Authorization header."""
+    target = site.url("/redirect-to") + "?url=/echo"
+    response = await send(transport, request("GET", target, SECRET_HEADERS))
+    assert json.loads(response.body)["headers"]["Authorization"] == "Bearer sekrit-1"
+
+
+async def test_cross_origin_redirect_drops_credentials(transport: Transport, site: Site, other_site: Site) -> None:
+    """A redirect to another origin (another port) drops Authorization and other secret headers."""
+    checked: list[URL] = []
+    target = str(URL(site.url("/redirect-to")).with_query(url=other_site.url("/echo")))
+    headers = {**SECRET_HEADERS, "X-Trace": "t-1"}
+    response = await send(transport, request("GET", target, headers), check=checked.append)
+    echoed = json.loads(response.body)
+    assert "Authorization" not in echoed["headers"]
+    assert "X-Api-Key" not in echoed["headers"]
+    assert echoed["headers"]["X-Trace"] == "t-1"
+    assert [str(url) for url in checked] == [other_site.url("/echo")]
+    assert other_site.hits == ["/echo"]
+
+
+async def test_refused_redirect_stops_the_chain(transport: Transport, site: Site, other_site: Site) -> None:
+    """A redirect check that raises stops the chain before the next hop is requested."""
+
+    def refuse(target: URL) -> None:
+        raise errors.EgressBlocked("Blocked by the egress policy.")
+
+    target = str(URL(site.url("/redirect-to")).with_query(url=other_site.url("/echo")))
+    with pytest.raises(errors.EgressBlocked):
+        await send(transport, request("GET", target), check=refuse)
+    assert other_site.hits == []
+
+
+# --- body caps and decoding ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "cap", "complete"),
+    [(1000, 999, False), (1000, 1000, True), (1000, 1001, True), (200_000, 100_000, False), (0, 1, True)],
+)
+async def test_body_capped_at_max_bytes(transport: Transport, site: Site, size: int, cap: int, complete: bool) -> None:
+    """At most max_bytes are read; `complete` says whether the whole body fit."""
+    response = await send(transport, request("GET", site.url(f"/bytes/{size}")), Limits(cap, 5))
+    assert response.body == b"x" * min(size, cap)
+    assert response.complete is complete
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize(("cap", "complete"), [(4999, False), (5000, True), (1000, False)])
+async def test_compressed_body_is_decoded_and_counted_decompressed(
+    transport: Transport, site: Site, encoding: str, cap: int, complete: bool
+) -> None:
+    """gzip and deflate bodies are decoded, and the cap counts decompressed bytes."""
+    response = await send(transport, request("GET", site.url(f"/{encoding}/5000")), Limits(cap, 5))
+    assert response.body == b"a" * min(cap, 5000)
+    assert response.complete is complete
+
+
+async def test_response_metadata(transport: Transport, site: Site) -> None:
+    """The response carries status, reason, content type and charset."""
+    response = await send(transport, request("GET", site.url("/latin1")))
+    assert (response.status, response.reason) == (200, "OK")
+    assert response.content_type == "text/plain; charset=iso-8859-1"
+    assert response.charset == "iso-8859-1"
+    assert response.body.decode(response.charset) == "café"
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+async def test_close_without_response_is_empty_response(
+    transport: Transport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+) -> None:
+    """A server that closes the connection without answering is EmptyResponse (exit 52)."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        await writer.wait_closed()
+
+    url = await raw_server(hang_up)
+    with pytest.raises(errors.EmptyResponse) as info:
+        await send(transport, request("GET", url + "/x"))
+    assert info.value.exit_code == 52
+
+
+async def test_connection_lost_mid_body_is_receive_failed(
+    transport: Transport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+) -> None:
+    """A connection that breaks before the declared Content-Length arrived is ReceiveFailed (exit 56)."""
+
+    async def cut_short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    url = await raw_server(cut_short)
+    with pytest.raises(errors.ReceiveFailed) as info:
+        await send(transport, request("GET", url + "/x"))
+    assert info.value.exit_code == 56
+
+
+async def test_nothing_listening_is_connect_failed(transport: Transport, refused_url: str) -> None:
+    """A refused connection is ConnectFailed (exit 7)."""
+    with pytest.raises(errors.ConnectFailed) as info:
+        await send(transport, request("GET", refused_url + "/x"))
+    assert info.value.exit_code == 7
+
+
+# --- isolation between calls ---------------------------------------------------------------------
+
+
+async def test_cookies_are_not_carried_between_requests(transport: Transport, site: Site) -> None:
+    """A cookie set by one response is not sent with the next request on the same pool."""
+    first = await send(transport, request("GET", site.url("/set-cookie")))
+    assert first.status == 200
+    second = await send(transport, request("GET", site.url("/echo")))
+    assert "Cookie" not in json.loads(second.body)["headers"]
+
+
+async def test_close_then_send_opens_a_new_session(transport: Transport, site: Site) -> None:
+    """After close, the transport can still send (a new pool is opened)."""
+    await send(transport, request("GET", site.url("/bytes/3")))
+    await transport.close()
+    response = await send(transport, request("GET", site.url("/bytes/3")))
+    assert response.body == b"xxx"
