@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections import Counter
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,15 +88,18 @@ def worker(redis_url: str, upstream_url: str, pool: str, concurrency: int, defs:
         TOOLWORKER_LOG_LEVEL="WARNING",
     )
     argv = [sys.executable, "-m", "worker", "worker", "-P", pool, "-c", str(concurrency), "--loglevel", "WARNING"]
-    process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A group of its own: prefork children must not outlive their parent and eat the next case's calls.
+    process = subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         yield process.pid
     finally:
-        process.terminate()
+        os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(20)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
 
@@ -145,10 +150,9 @@ async def through_pipeline(redis_url: str, calls: int, batch: int) -> dict[str, 
     client = AsyncToolClient(redis_url)
     await client.acall("bench_get", {"i": 0}, timeout=60)  # warm up: worker, pools, reader
     latencies: list[float] = []
-    failures = 0
+    errors: Counter[str] = Counter()
 
     async def chunk(start: int) -> None:
-        nonlocal failures
         specs = [("bench_get", {"i": i}) for i in range(start, min(calls, start + batch))]
         sent = time.perf_counter()
         results = (
@@ -156,14 +160,15 @@ async def through_pipeline(redis_url: str, calls: int, batch: int) -> dict[str, 
         )
         done = time.perf_counter()
         latencies.extend(done - sent for _ in results)
-        failures += sum(1 for r in results if r.exit_code != 0)
+        errors.update(f"{r.exit_code}: {(r.error or {}).get('message', '')}"[:120] for r in results if r.exit_code)
 
     started = time.perf_counter()
     await asyncio.gather(*(chunk(s) for s in range(0, calls, batch)))
     elapsed = time.perf_counter() - started
     await client.aclose()
     figures = _figures(calls, elapsed, latencies)
-    figures["failures"] = failures
+    figures["failures"] = sum(errors.values())
+    figures["first_error"] = errors.most_common(1)[0][0] if errors else ""
     return figures
 
 
@@ -226,6 +231,7 @@ def _pipeline_rows(
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     columns = ["case", "latency_ms", "calls_per_s", "ratio", "p50_ms", "p95_ms", "p99_ms", "rss_mb", "failures"]
+    columns.append("first_error")
     print(" | ".join(columns))
     for row in rows:
         print(" | ".join(str(row.get(c, "")) for c in columns))

@@ -14,6 +14,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 from structlog.typing import Processor
+from yarl import URL
 
 from worker import errors, logs
 from worker.constants import MAX_ARGUMENTS_BYTES, REDACTED
@@ -98,7 +99,12 @@ class FakeTransport:
         self.requests: list[PreparedRequest] = []
 
     async def send(
-        self, request: PreparedRequest, upstream: UpstreamDef, limits: Limits, check_redirect: RedirectCheck
+        self,
+        request: PreparedRequest,
+        upstream: UpstreamDef,
+        limits: Limits,
+        check_redirect: RedirectCheck,
+        trusted_origin: URL | None,
     ) -> Response:
         self.requests.append(request)
         outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]

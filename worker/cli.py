@@ -50,10 +50,20 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--no-wait", action="store_true", help="print the callId and exit")
     call.set_defaults(handler=_call)
 
-    tools = commands.add_parser("tools", help="list the tools of the definitions store")
-    tools.add_argument("--tag", action="append", default=[])
-    tools.add_argument("--format", choices=["table", "json"], default="table")
+    tools = commands.add_parser("tools", help="list (or search) the tools of the definitions store")
+    tools.add_argument("--tag", action="append", default=[], help="only tools with this tag (repeatable)")
+    tools.add_argument("--search", metavar="Q", help="the tools that best match a question")
+    tools.add_argument("--top-k", type=int, default=5, metavar="N")
+    tools.add_argument("--format", choices=["table", "json", "openai", "anthropic", "mcp"], default="table")
     tools.set_defaults(handler=_tools)
+
+    imports = commands.add_parser("import-openapi", help="turn an OpenAPI 3.x / Swagger 2.0 spec into definitions")
+    imports.add_argument("spec", type=Path)
+    imports.add_argument("--upstream", required=True, help="the upstream name the tools will use")
+    imports.add_argument("--base-url", help="the upstream's base URL (default: the spec's servers)")
+    imports.add_argument("--tag", action="append", default=[], help="only operations with this tag (repeatable)")
+    imports.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
+    imports.set_defaults(handler=_import_openapi)
 
     schema = commands.add_parser("schema", help="print a tool's full definition")
     schema.add_argument("tool")
@@ -137,29 +147,53 @@ def _safe_url(url: str) -> str:
 
 
 def _load_toolset(paths: list[Path]) -> Any:
+    """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
     from worker import store
+    from worker.builtins import with_builtins
+    from worker.egress import EgressPolicy
 
-    return store.load(paths or [get_settings().definitions])
+    if paths:
+        return store.load(paths)
+    settings = get_settings()
+    return with_builtins(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow))
 
 
 def _tools(args: argparse.Namespace) -> int:
+    from worker import catalog
+
     toolset = _load_toolset([])
-    rows = [
-        {
-            "name": t.name,
-            "method": t.request.method,
-            "path": t.request.path.source,
-            "upstream": t.upstream,
-            "tags": list(t.tags),
-            "summary": t.summary,
-        }
-        for t in toolset.tools.values()
-        if not args.tag or set(args.tag) & set(t.tags)
-    ]
-    if args.format == "json":
+    rows = catalog.search(toolset, args.search, args.top_k) if args.search else catalog.list_tools(toolset, args.tag)
+    exports = {"openai": catalog.to_openai, "anthropic": catalog.to_anthropic, "mcp": catalog.to_mcp}
+    if args.format in exports:
+        definitions = catalog.schemas(toolset, [row["name"] for row in rows])["tools"]
+        print(json.dumps(exports[args.format](definitions), indent=2, ensure_ascii=False))
+    elif args.format == "json":
         print(json.dumps(rows, indent=2, ensure_ascii=False))
-        return 0
-    _print_table(rows, ["name", "method", "path", "upstream", "summary"])
+    else:
+        _print_table(rows, ["name", "method", "path", "upstream", "summary"])
+    return 0
+
+
+def _import_openapi(args: argparse.Namespace) -> int:
+    import yaml
+
+    from worker.readers.openapi import SpecError, import_openapi
+    from worker.tools import Problem
+
+    problems: list[Problem] = []
+    try:
+        document = import_openapi(args.spec, args.upstream, args.base_url, args.tag, problems=problems)
+    except SpecError as exc:
+        print(f"toolworker: {exc.problem}", file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(f"skipped: {problem}", file=sys.stderr)
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=120)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+        print(f"{len(document['tools'])} tools written to {args.output}", file=sys.stderr)
+    else:
+        print(text, end="")
     return 0
 
 
@@ -175,21 +209,13 @@ def _cell(text: str, width: int) -> str:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    toolset = _load_toolset([])
-    tool = toolset.tools.get(args.tool)
-    if tool is None:
+    from worker import catalog
+
+    found = catalog.schemas(_load_toolset([]), [args.tool])
+    if found["missing"]:
         print(f"toolworker: no tool named {args.tool!r}", file=sys.stderr)
         return 64
-    definition = {
-        "name": tool.name,
-        "description": tool.description,
-        "tags": list(tool.tags),
-        "upstream": tool.upstream,
-        "method": tool.request.method,
-        "path": tool.request.path.source,
-        "input_schema": tool.input_schema,
-    }
-    print(json.dumps(definition, indent=2, ensure_ascii=False))
+    print(json.dumps(found["tools"][0], indent=2, ensure_ascii=False))
     return 0
 
 

@@ -112,6 +112,24 @@ class AsyncToolClient:
         self._waiting.pop(call_id, None)
         return ToolResult.from_dict(envelope)
 
+    async def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Light summaries of the tools the workers serve (through the queue, like any call)."""
+        return list(await self._catalog("catalog_list", {"tags": list(tags)} if tags else {}))
+
+    async def schema(self, names: Sequence[str]) -> dict[str, Any]:
+        """Full definitions of the named tools, and the names that are missing."""
+        return dict(await self._catalog("catalog_schema", {"names": list(names)}))
+
+    async def search(self, question: str, top_k: int = 5) -> list[dict[str, Any]]:
+        """The tools that best match a question, best first."""
+        return list(await self._catalog("catalog_search", {"question": question, "top_k": top_k}))
+
+    async def _catalog(self, tool: str, arguments: dict[str, Any]) -> Any:
+        result = await self.acall(tool, arguments)
+        if result.exit_code:
+            raise RuntimeError(f"{tool} failed: {(result.error or {}).get('message')}")
+        return json.loads(result.result)
+
     async def aclose(self) -> None:
         # A blocked XREAD does not honour cancellation promptly: drop its connection instead.
         self._closing = True
@@ -246,6 +264,15 @@ class ToolClient:
 
     def call_many(self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
         return self._run(self._async.acall_many(list(calls), timeout=timeout), timeout)
+
+    def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        return self._run(self._async.tools(tags), DEFAULT_TIMEOUT_S)
+
+    def schema(self, names: Sequence[str]) -> dict[str, Any]:
+        return self._run(self._async.schema(names), DEFAULT_TIMEOUT_S)
+
+    def search(self, question: str, top_k: int = 5) -> list[dict[str, Any]]:
+        return self._run(self._async.search(question, top_k), DEFAULT_TIMEOUT_S)
 
     def close(self) -> None:
         self._loop.stop(self._async.aclose())

@@ -19,11 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
 
 from worker import errors, logs
+from worker.builtins import ALIASES, run_catalog
 from worker.constants import MAX_ARGUMENTS_BYTES
+from worker.egress import EgressPolicy
 from worker.envelope import ToolResult
+from worker.generic import render_generic
 from worker.rendering import PreparedRequest, redact, render
 from worker.tools import IDEMPOTENT_METHODS, Tool, ToolSet, Upstream
-from worker.transport import Limits, Response, Transport
+from worker.transport import Limits, RedirectCheck, Response, Transport
 
 log = structlog.get_logger("toolworker.call")
 _MAX_REPORTED_ERRORS = 5
@@ -51,10 +54,11 @@ class Runtime:
     toolset: ToolSet
     environ: Mapping[str, str]
     transport: Transport = field(default_factory=Transport)
+    policy: EgressPolicy = field(default_factory=lambda: EgressPolicy.parse(""))
     _validators: dict[str, Draft202012Validator] = field(default_factory=dict)
 
     def resolve(self, name: str) -> tuple[Tool, Upstream]:
-        tool = self.toolset.tools.get(name)
+        tool = self.toolset.tools.get(ALIASES.get(name, name))
         if tool is None:
             if name in self.toolset.unusable:
                 raise errors.ToolMisconfigured(
@@ -112,13 +116,25 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     structlog.contextvars.bind_contextvars(upstream=upstream.name)
     arguments = validate_arguments(call.arguments, runtime.validator(tool))
     encoded_size(call.headers)
-    request = with_idempotency_key(render(tool, upstream, arguments, call.headers, runtime.environ), upstream, call)
+    if tool.kind == "builtin":
+        envelope.result = run_catalog(tool.name, arguments, runtime.toolset)
+        return
+    request = _prepare(tool, upstream, arguments, call, runtime)
     logs.bind_secrets(request.secrets)
     if request.dropped_headers:
         log.info("call.headers_dropped", headers=list(request.dropped_headers))
     _describe_request(envelope, request, upstream)
-    response = await _send_with_retries(runtime.transport, request, upstream, deadline, envelope)
+    # A defined tool's own upstream is trusted configuration; everything else is egress-checked.
+    trusted = None if tool.kind == "generic" else URL(request.url, encoded=True).origin()
+    check = _redirect_check(trusted, upstream, runtime.policy)
+    response = await _send_with_retries(runtime.transport, request, upstream, deadline, envelope, check, trusted)
     shape_result(envelope, response, tool, upstream, request.secrets)
+
+
+def _prepare(tool: Tool, upstream: Upstream, arguments: dict[str, Any], call: ToolCall, rt: Runtime) -> PreparedRequest:
+    if tool.kind == "generic":
+        return render_generic(arguments, rt.policy)
+    return with_idempotency_key(render(tool, upstream, arguments, call.headers, rt.environ), upstream, call)
 
 
 def _deadline(call: ToolCall, received_at: float) -> float:
@@ -186,13 +202,18 @@ def _describe_request(envelope: ToolResult, request: PreparedRequest, upstream: 
 
 
 async def _send_with_retries(
-    transport: Transport, request: PreparedRequest, upstream: Upstream, deadline: float, envelope: ToolResult
+    transport: Transport,
+    request: PreparedRequest,
+    upstream: Upstream,
+    deadline: float,
+    envelope: ToolResult,
+    check: RedirectCheck,
+    trusted: URL | None,
 ) -> Response:
     policy = upstream.retry
     may_retry = request.method in IDEMPOTENT_METHODS or policy.unsafe_methods
     attempts = policy.attempts if may_retry else 1
     limits = Limits(upstream.max_response_bytes, upstream.connect_timeout_s)
-    check = _redirect_check(request, upstream)
     for attempt in range(1, attempts + 1):
         envelope.attempts = attempt
         budget = min(upstream.timeout_s, deadline - time.time())
@@ -200,7 +221,7 @@ async def _send_with_retries(
             raise errors.TimedOut("The call ran out of time before the upstream answered.")
         try:
             async with asyncio.timeout(budget):
-                response = await transport.send(request, upstream, limits, check)
+                response = await transport.send(request, upstream, limits, check, trusted)
         except TimeoutError:
             if attempt == attempts:
                 raise errors.TimedOut(f"The upstream did not answer within {budget:.3g} seconds.") from None
@@ -219,14 +240,17 @@ def _backoff(base_s: float, cap_s: float, attempt: int) -> float:
     return random.uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))
 
 
-def _redirect_check(request: PreparedRequest, upstream: Upstream) -> Any:
-    origin = URL(request.url, encoded=True).origin()
+def _redirect_check(trusted: URL | None, upstream: Upstream, policy: EgressPolicy) -> RedirectCheck:
+    """Each hop stays on the upstream's origin, or (where allowed) passes the egress policy."""
 
     def check(target: URL) -> None:
         if target.scheme not in {"http", "https"}:
             raise errors.EgressBlocked("Blocked by the egress policy: redirect to a non-HTTP scheme.")
-        if target.origin() != origin and not upstream.allow_offsite_redirects:
+        if trusted is not None and target.origin() == trusted:
+            return
+        if trusted is not None and not upstream.allow_offsite_redirects:
             raise errors.EgressBlocked("Blocked by the egress policy: the upstream redirected to another host.")
+        policy.check_url(str(target))
 
     return check
 

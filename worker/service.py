@@ -11,6 +11,8 @@ from typing import Any
 import structlog
 
 from worker import errors, store
+from worker.builtins import with_builtins
+from worker.egress import EgressPolicy
 from worker.envelope import ToolResult
 from worker.execution import Runtime, ToolCall, execute, parse_call
 from worker.loop import process_loop
@@ -64,7 +66,13 @@ def build_service(settings: Settings) -> Service:
     for problem in toolset.problems:
         log.warning("definitions.problem", problem=str(problem))
     log.info("definitions.loaded", tools=len(toolset.tools), unusable=len(toolset.unusable))
-    runtime = Runtime(toolset=toolset, environ=dict(os.environ), transport=Transport(settings.dns_server_list))
+    policy = EgressPolicy.parse(settings.egress_allow)
+    runtime = Runtime(
+        toolset=with_builtins(toolset, policy),
+        environ=dict(os.environ),
+        transport=Transport(policy, settings.dns_server_list),
+        policy=policy,
+    )
     publisher = Publisher(connect(settings.redis_url), settings.result_ttl_seconds, settings.reply_stream_maxlen)
     return Service(runtime, publisher)
 

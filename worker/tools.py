@@ -108,6 +108,8 @@ class Tool:
     transform: Transform | None = None
     max_output_chars: int | None = None
     source: Source = Source("<builtin>")
+    # "http": rendered from templates; "generic": the model gives the URL; "builtin": answered by the worker.
+    kind: str = "http"
     # The schema, or a factory that builds it on first use (large OpenAPI specs).
     schema: Mapping[str, JSON] | Callable[[], Mapping[str, JSON]] = field(
         default_factory=lambda: {"type": "object", "properties": {}}

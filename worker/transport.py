@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp.resolver import AsyncResolver
@@ -12,6 +13,7 @@ from yarl import URL
 
 from worker import errors
 from worker.constants import MAX_REDIRECTS
+from worker.egress import EgressPolicy, egress_error, make_connector
 from worker.rendering import PreparedRequest, is_secret_header
 from worker.tools import Upstream
 
@@ -40,41 +42,56 @@ class Limits:
 
 
 class Transport:
-    """One aiohttp session (and connection pool) per upstream, reused by every call on this loop."""
+    """Connection pools reused by every call on this loop: one per upstream (its own, trusted host),
+    and one egress-checked pool for everything else (the generic tool, off-site redirects)."""
 
-    def __init__(self, dns_servers: list[str] | None = None) -> None:
+    def __init__(self, policy: EgressPolicy | None = None, dns_servers: list[str] | None = None) -> None:
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._policy = policy or EgressPolicy.parse("")
         self._dns_servers = dns_servers or []
 
-    def session(self, upstream: Upstream) -> aiohttp.ClientSession:
-        session = self._sessions.get(upstream.name)
+    def session(self, upstream: Upstream, checked: bool) -> aiohttp.ClientSession:
+        key = "\0egress-checked" if checked else upstream.name
+        session = self._sessions.get(key)
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=upstream.max_concurrency,
-                limit_per_host=0,
-                ssl=upstream.verify_tls,
-                ttl_dns_cache=60,
-                resolver=AsyncResolver(nameservers=self._dns_servers) if self._dns_servers else None,
-            )
-            session = aiohttp.ClientSession(
-                connector=connector,
-                # Calls from different users share this pool: never carry cookies between them.
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,
-                auto_decompress=True,
-                skip_auto_headers=("User-Agent",),
-                headers={"User-Agent": "toolworker"},
-            )
-            self._sessions[upstream.name] = session
+            session = self._sessions[key] = self._new_session(upstream, checked)
         return session
 
+    def _new_session(self, upstream: Upstream, checked: bool) -> aiohttp.ClientSession:
+        options: dict[str, Any] = {
+            "limit": upstream.max_concurrency,
+            "limit_per_host": 0,
+            "ssl": upstream.verify_tls,
+            "ttl_dns_cache": 60,
+            "resolver": AsyncResolver(nameservers=self._dns_servers) if self._dns_servers else None,
+        }
+        # The checked pool sees the resolved address of every connection attempt (DNS rebinding too).
+        connector = make_connector(self._policy, **options) if checked else aiohttp.TCPConnector(**options)
+        return aiohttp.ClientSession(
+            connector=connector,
+            # Calls from different users share this pool: never carry cookies between them.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+            headers={"User-Agent": "toolworker"},
+        )
+
     async def send(
-        self, request: PreparedRequest, upstream: Upstream, limits: Limits, check_redirect: RedirectCheck
+        self,
+        request: PreparedRequest,
+        upstream: Upstream,
+        limits: Limits,
+        check_redirect: RedirectCheck,
+        trusted_origin: URL | None,
     ) -> Response:
-        """Send one attempt, following up to MAX_REDIRECTS redirects; the caller bounds the total time."""
-        session = self.session(upstream)
+        """Send one attempt, following up to MAX_REDIRECTS redirects; the caller bounds the total time.
+
+        Hops to `trusted_origin` (a defined tool's upstream) use its pool; any other goes through the
+        egress-checked pool."""
         method, url, headers, body = request.method, URL(request.url, encoded=True), list(request.headers), request.body
         for _ in range(MAX_REDIRECTS + 1):
+            session = self.session(upstream, checked=url.origin() != trusted_origin)
             response, location = await _send_once(session, method, url, headers, body, limits)
             if location is None:
                 return response
@@ -154,6 +171,9 @@ def translate(exc: BaseException, host: str) -> errors.ToolError:
     """Map an aiohttp/asyncio failure before or during the response head onto the exit-code tree."""
     if isinstance(exc, errors.ToolError):
         return exc
+    blocked = egress_error(exc)
+    if blocked is not None:
+        return blocked
     if isinstance(exc, asyncio.TimeoutError):  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
         return errors.TimedOut(f"The request to {host} timed out.")
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
