@@ -38,7 +38,8 @@ if wait < 0 then wait = 0 end
 wait = math.floor(wait)
 if max_wait >= 0 and wait > max_wait then return {0, wait} end
 local new_tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('%.0f', math.ceil((new_tat - now) / 1000) + 1))
+local ttl_ms = math.ceil((new_tat - now) / 1000) + 1
+redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('%.0f', ttl_ms))
 return {1, wait}
 """
 _GCRA_SHA = hashlib.sha1(_GCRA.encode()).hexdigest()

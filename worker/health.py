@@ -1,0 +1,50 @@
+"""Is a worker alive? A Celery ping through the broker, answered in one line (`toolworker health`)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from celery.utils.nodenames import host_format
+from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
+
+from worker.app import app
+
+# kombu's Redis transports; anything else cannot be this project's broker.
+_SCHEMES = frozenset({"redis", "rediss", "sentinel"})
+# A wrong URL, a refused or reset connection, a failed lookup, a rejected password: all mean "not healthy".
+_UNREACHABLE = (KombuError, RedisError, OSError, ValueError, LookupError)
+_PASSWORD = re.compile(r"(://[^:/@;]*:)[^@;]*@")
+
+
+def check(redis_url: str, timeout_s: float = 5.0, node: str | None = None) -> tuple[bool, str]:
+    """True when a worker (`node`, if given; `%h` is this host's name) answers a ping within `timeout_s`."""
+    where = safe_url(redis_url)
+    scheme = redis_url.partition("://")[0].partition("+")[0]
+    if scheme not in _SCHEMES:
+        return False, f"not a Redis URL: {where!r} (expected redis://, rediss:// or sentinel://)"
+    destination = [host_format(node)] if node else None
+    deadline = time.monotonic() + timeout_s
+    try:
+        with app.connection_for_write(redis_url, connect_timeout=timeout_s) as connection:
+            connection.ensure_connection(max_retries=0)
+            wait_s = max(0.1, deadline - time.monotonic())
+            replies = app.control.ping(destination, timeout=wait_s, limit=1, connection=connection)
+    except _UNREACHABLE as exc:
+        return False, f"cannot reach the broker at {where}: {_one_line(exc)}"
+    answered = sorted(name for reply in replies for name in reply)
+    if not answered:
+        asked = destination[0] if destination else "any worker"
+        return False, f"no answer to a ping from {asked} within {timeout_s:g} s on {where}"
+    return True, f"{answered[0]} answered a ping on {where}"
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password masked (also in `;`-separated Sentinel lists)."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
