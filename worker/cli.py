@@ -69,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("tool")
     schema.set_defaults(handler=_schema)
 
+    publish = commands.add_parser("publish", help="check definitions and make them the version workers serve")
+    publish.add_argument("paths", nargs="*", type=Path)
+    publish.set_defaults(handler=_publish)
+
     validate = commands.add_parser("validate", help="check definitions; lists every problem, non-zero on any")
     validate.add_argument("paths", nargs="*", type=Path)
     validate.set_defaults(handler=_validate)
@@ -216,6 +220,29 @@ def _schema(args: argparse.Namespace) -> int:
         print(f"toolworker: no tool named {args.tool!r}", file=sys.stderr)
         return 64
     print(json.dumps(found["tools"][0], indent=2, ensure_ascii=False))
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    import redis
+
+    from worker import store
+
+    settings = get_settings()
+    paths = args.paths or [settings.definitions]
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        version, toolset = store.publish(client, paths)
+    except redis.ConnectionError:
+        raise _RedisUnreachable(_safe_url(settings.redis_url)) from None
+    finally:
+        client.close()
+    for problem in toolset.problems:
+        print(problem, file=sys.stderr)
+    if not version:
+        print(f"not published: {len(toolset.problems)} problems; the current version is unchanged", file=sys.stderr)
+        return 1
+    print(f"published version {version}: {len(toolset.tools)} tools, {len(toolset.upstreams)} upstreams")
     return 0
 
 

@@ -19,3 +19,8 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 # Extra time the Celery thread waits for the event loop beyond the call's own timeouts.
 BRIDGE_MARGIN_S = 5.0
+
+# The shared definitions store: versioned bundles of definitions files.
+DEFINITIONS_VERSION_KEY = "toolworker:definitions:version"
+DEFINITIONS_CURRENT_KEY = "toolworker:definitions:current"
+DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"

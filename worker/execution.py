@@ -67,6 +67,10 @@ class Runtime:
             raise errors.UnknownTool(f"There is no tool named {name!r}. Use one of the tools you were given.")
         return tool, self.toolset.upstreams[tool.upstream]
 
+    def swap(self, toolset: ToolSet) -> None:
+        """Serve a new set of tools from the next call on (calls in flight keep theirs)."""
+        self.toolset, self._validators = toolset, {}
+
     def validator(self, tool: Tool) -> Draft202012Validator:
         validator = self._validators.get(tool.name)
         if validator is None:

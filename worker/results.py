@@ -46,7 +46,7 @@ def connect(url: str, max_connections: int = 32) -> aioredis.Redis:
 
 class Publisher:
     def __init__(self, client: aioredis.Redis, ttl_s: int, stream_maxlen: int) -> None:
-        self._client = client
+        self.client = client
         self._ttl_s = ttl_s
         self._stream_maxlen = stream_maxlen
         self._script = client.register_script(_PUBLISH)
@@ -55,12 +55,12 @@ class Publisher:
         """The calls of this list whose result was published already (a redelivered message)."""
         if not call_ids:
             return set()
-        flags = await self._client.mget([DONE_KEY_PREFIX + c for c in call_ids])
+        flags = await self.client.mget([DONE_KEY_PREFIX + c for c in call_ids])
         return {c for c, flag in zip(call_ids, flags, strict=True) if flag is not None}
 
     async def publish(self, results: list[tuple[ToolResult, str | None]]) -> list[bool]:
         """Publish (envelope, replyTo) pairs in one round trip; False where already published."""
-        async with self._client.pipeline(transaction=False) as pipe:
+        async with self.client.pipeline(transaction=False) as pipe:
             for result, reply_to in results:
                 envelope = result.to_dict()
                 keys = [DONE_KEY_PREFIX + result.call_id, RESULT_KEY_PREFIX + result.call_id]

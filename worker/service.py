@@ -6,18 +6,23 @@ import asyncio
 import os
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
+import redis
 import structlog
+from redis.exceptions import RedisError
 
 from worker import errors, store
 from worker.builtins import with_builtins
+from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY
 from worker.egress import EgressPolicy
 from worker.envelope import ToolResult
 from worker.execution import Runtime, ToolCall, execute, parse_call
 from worker.loop import process_loop
 from worker.results import Publisher, connect
 from worker.settings import Settings, get_settings
+from worker.tools import ToolSet
 from worker.transport import Transport
 
 log = structlog.get_logger("toolworker.service")
@@ -27,6 +32,8 @@ class Service:
     def __init__(self, runtime: Runtime, publisher: Publisher) -> None:
         self.runtime = runtime
         self.publisher = publisher
+        self.definitions_version = 0
+        self.watcher: Future[None] | None = None
 
     async def serve(self, messages: list[Any], task_id: str, batch: bool) -> list[dict[str, Any]]:
         """Answer every message with exactly one published envelope; return short summaries."""
@@ -62,11 +69,8 @@ def _parse(message: Any, task_id: str, index: int | None) -> ToolCall | ToolResu
 
 
 def build_service(settings: Settings) -> Service:
-    toolset = store.load([settings.definitions])
-    for problem in toolset.problems:
-        log.warning("definitions.problem", problem=str(problem))
-    log.info("definitions.loaded", tools=len(toolset.tools), unusable=len(toolset.unusable))
     policy = EgressPolicy.parse(settings.egress_allow)
+    version, toolset = _initial_definitions(settings)
     runtime = Runtime(
         toolset=with_builtins(toolset, policy),
         environ=dict(os.environ),
@@ -74,7 +78,54 @@ def build_service(settings: Settings) -> Service:
         policy=policy,
     )
     publisher = Publisher(connect(settings.redis_url), settings.result_ttl_seconds, settings.reply_stream_maxlen)
-    return Service(runtime, publisher)
+    service = Service(runtime, publisher)
+    service.definitions_version = version
+    if settings.store == "redis":
+        service.watcher = asyncio.run_coroutine_threadsafe(
+            _watch_definitions(service, settings, policy), process_loop().loop
+        )
+    return service
+
+
+def _initial_definitions(settings: Settings) -> tuple[int, ToolSet]:
+    if settings.store == "file":
+        return 0, _loaded(store.load([settings.definitions]), "file")
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        payload = client.get(DEFINITIONS_BUNDLE_PREFIX + str(int(client.get(DEFINITIONS_CURRENT_KEY) or 0)))
+    finally:
+        client.close()
+    if payload is None:
+        log.warning("definitions.none_published", hint="run `toolworker publish`")
+        return 0, ToolSet()
+    version, toolset = store.load_bundle(payload)
+    return version, _loaded(toolset, f"redis v{version}")
+
+
+def _loaded(toolset: ToolSet, origin: str) -> ToolSet:
+    for problem in toolset.problems:
+        log.warning("definitions.problem", problem=str(problem))
+    log.info("definitions.loaded", source=origin, tools=len(toolset.tools), unusable=len(toolset.unusable))
+    return toolset
+
+
+async def _watch_definitions(service: Service, settings: Settings, policy: EgressPolicy) -> None:
+    """Switch to each newly published version without a restart (polling survives reconnects)."""
+    client = service.publisher.client
+    while True:
+        await asyncio.sleep(settings.store_poll_seconds)
+        try:
+            current = int(await client.get(DEFINITIONS_CURRENT_KEY) or 0)
+            if current == service.definitions_version or current == 0:
+                continue
+            payload = await client.get(DEFINITIONS_BUNDLE_PREFIX + str(current))
+        except RedisError as exc:
+            log.warning("definitions.poll_failed", error=str(exc))
+            continue
+        if payload is not None:
+            version, toolset = await asyncio.to_thread(store.load_bundle, payload)
+            service.runtime.swap(with_builtins(_loaded(toolset, f"redis v{version}"), policy))
+            service.definitions_version = version
 
 
 _service: tuple[int, Service] | None = None

@@ -15,6 +15,9 @@ class Settings(BaseSettings):
 
     redis_url: str = "redis://localhost:6379/0"
     definitions: Path = Path("definitions")
+    # "file": read `definitions` at start; "redis": serve what `toolworker publish` put in Redis, live.
+    store: Literal["file", "redis"] = "file"
+    store_poll_seconds: float = Field(2.0, gt=0)
     # Comma-separated hosts, *.wildcard domains, CIDRs, with optional :port; empty = generic tool off.
     egress_allow: str = ""
     log_format: Literal["json", "console"] = "json"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import redis
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY, DEFINITIONS_VERSION_KEY
 from worker.readers import DefinitionSyntaxError, parse_file, read_document
 from worker.tools import Problem, Source, Tool, ToolSet
 
@@ -74,3 +79,50 @@ def tool_problems(tool: Tool, toolset: ToolSet) -> list[str]:
                     f"template {template.source!r} names argument {name!r}, which input_schema does not declare"
                 )
     return problems
+
+
+# --- the shared store: definitions published to Redis, so every worker and client sees one catalog ---
+
+
+def bundle(paths: list[Path]) -> dict[str, str]:
+    """The definitions files below `paths`, relative path -> text (a root index prefixes several roots)."""
+    files: dict[str, str] = {}
+    for index, root in enumerate(paths):
+        prefix = f"{index}/" if len(paths) > 1 else ""
+        base = root if root.is_dir() else root.parent
+        candidates = definition_files([root])
+        for file in candidates:
+            files[prefix + file.relative_to(base).as_posix()] = file.read_text(encoding="utf-8")
+    return files
+
+
+def publish(client: redis.Redis, paths: list[Path], environ: Mapping[str, str] | None = None) -> tuple[int, ToolSet]:
+    """Check the definitions, then make them the current version; a set with problems changes nothing."""
+    toolset = load(paths, environ)
+    if toolset.problems:
+        return 0, toolset
+    version = int(client.incr(DEFINITIONS_VERSION_KEY))
+    payload = json.dumps({"version": version, "files": bundle(paths), "publishedAt": time.time()})
+    with client.pipeline(transaction=True) as pipe:
+        pipe.set(DEFINITIONS_BUNDLE_PREFIX + str(version), payload)
+        pipe.set(DEFINITIONS_CURRENT_KEY, version)
+        pipe.execute()
+    return version, toolset
+
+
+def materialize(files: Mapping[str, str], directory: Path) -> Path:
+    """Write a bundle's files below `directory` (relative references between them keep working)."""
+    for relative, text in files.items():
+        target = (directory / relative).resolve()
+        if directory.resolve() not in target.parents:  # a bundle names files below its root only
+            raise ValueError(f"bundle path escapes its folder: {relative!r}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    return directory
+
+
+def load_bundle(payload: bytes | str, environ: Mapping[str, str] | None = None) -> tuple[int, ToolSet]:
+    """The version and toolset of a published bundle."""
+    data = json.loads(payload)
+    with tempfile.TemporaryDirectory(prefix="toolworker-definitions-") as tmp:
+        return int(data["version"]), load([materialize(data["files"], Path(tmp))], environ)
