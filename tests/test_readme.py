@@ -30,17 +30,18 @@ def code_blocks(language: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def demo_stack(
-    redis_server: EmbeddedRedis, dns_server: NxDomainServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """A worker on definitions/ with the demo upstream, like `make run`."""
+def demo_stack(dns_server: NxDomainServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A worker on definitions/ with the demo upstream, like `make run`, on a Redis server of its own."""
+    directory = tmp_path_factory.mktemp("readme")
+    server = EmbeddedRedis(directory / "redis").start()
     demo = ServerThread(make_app()).start()
-    env = worker_env(redis_server.url, demo.url, dns_server.address, ROOT / "definitions")
+    env = worker_env(server.url, demo.url, dns_server.address, ROOT / "definitions")
     env["TOOLWORKER_DEMO_URL"] = demo.url
-    process = start_worker(env, tmp_path_factory.mktemp("readme") / "worker.log", "-Q", "toolcalls")
-    yield redis_server.url
+    process = start_worker(env, directory / "worker.log")
+    yield server.url
     stop_worker(process)
     demo.stop()
+    server.stop()
 
 
 def run_snippet(code: str, redis_url: str) -> str:

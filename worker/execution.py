@@ -93,24 +93,25 @@ async def execute(call: ToolCall, runtime: Runtime, received_at: float | None = 
     """Run one call; every outcome, including a bug in the worker, is an envelope."""
     started = time.perf_counter()
     envelope = ToolResult(call_id=call.call_id, tool=call.tool)
-    with structlog.contextvars.bound_contextvars(callId=call.call_id, tool=call.tool):
-        try:
-            await _run(call, runtime, envelope, time.time() if received_at is None else received_at)
-        except errors.ToolError as exc:
-            envelope.error = {"type": exc.type, "message": exc.message}
-            envelope.exit_code = exc.exit_code
-        except Exception:
-            log.exception("call.internal_error")
-            envelope.error = {"type": "internal_error", "message": "The worker failed while running this tool."}
-            envelope.exit_code = errors.InternalError.exit_code
-        envelope.duration_ms = round((time.perf_counter() - started) * 1000, 3)
-        log.info(
-            "call.finished",
-            exitCode=envelope.exit_code,
-            statusCode=envelope.status_code,
-            attempts=envelope.attempts,
-            durationMs=envelope.duration_ms,
-        )
+    # Each call runs in an asyncio task of its own, so its context (and these bindings) die with it.
+    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool)
+    try:
+        await _run(call, runtime, envelope, time.time() if received_at is None else received_at)
+    except errors.ToolError as exc:
+        envelope.error = {"type": exc.type, "message": exc.message}
+        envelope.exit_code = exc.exit_code
+    except Exception:
+        log.exception("call.internal_error")
+        envelope.error = {"type": "internal_error", "message": "The worker failed while running this tool."}
+        envelope.exit_code = errors.InternalError.exit_code
+    envelope.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+    log.info(
+        "call.finished",
+        exitCode=envelope.exit_code,
+        statusCode=envelope.status_code,
+        attempts=envelope.attempts,
+        durationMs=envelope.duration_ms,
+    )
     return envelope
 
 

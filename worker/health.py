@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 
+from celery import Celery
 from celery.utils.nodenames import host_format
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
@@ -26,18 +27,37 @@ def check(redis_url: str, timeout_s: float = 5.0, node: str | None = None) -> tu
         return False, f"not a Redis URL: {where!r} (expected redis://, rediss:// or sentinel://)"
     destination = [host_format(node)] if node else None
     deadline = time.monotonic() + timeout_s
+    probe = _probe_app(redis_url, timeout_s)
     try:
-        with app.connection_for_write(redis_url, connect_timeout=timeout_s) as connection:
+        with probe.connection_for_write() as connection:
             connection.ensure_connection(max_retries=0)
             wait_s = max(0.1, deadline - time.monotonic())
-            replies = app.control.ping(destination, timeout=wait_s, limit=1, connection=connection)
+            replies = probe.control.ping(destination, timeout=wait_s, limit=1, connection=connection)
     except _UNREACHABLE as exc:
         return False, f"cannot reach the broker at {where}: {_one_line(exc)}"
+    finally:
+        probe.close()
     answered = sorted(name for reply in replies for name in reply)
     if not answered:
         asked = destination[0] if destination else "any worker"
         return False, f"no answer to a ping from {asked} within {timeout_s:g} s on {where}"
     return True, f"{answered[0]} answered a ping on {where}"
+
+
+def _probe_app(redis_url: str, timeout_s: float) -> Celery:
+    """An app on `redis_url` that speaks the worker's control protocol.
+
+    `app.control.ping(connection=...)` still publishes through the app's own producer pool, so a ping for
+    another broker needs an app of its own.
+    """
+    probe = Celery("toolworker-health", broker=redis_url, set_as_current=False)
+    probe.conf.update(
+        control_exchange=app.conf.control_exchange,
+        broker_transport_options=app.conf.broker_transport_options,
+        accept_content=app.conf.accept_content,
+        broker_connection_timeout=timeout_s,
+    )
+    return probe
 
 
 def safe_url(url: str) -> str:

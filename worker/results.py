@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -50,6 +51,29 @@ class Publisher:
         self._ttl_s = ttl_s
         self._stream_maxlen = stream_maxlen
         self._script = client.register_script(_PUBLISH)
+        # Results finished in the same loop tick share one round trip.
+        self._pending: list[tuple[ToolResult, str | None, asyncio.Future[bool]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def publish_one(self, result: ToolResult, reply_to: str | None) -> bool:
+        """Publish one result, pipelined with the others of this tick; False if it was published before."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((result, reply_to, future))
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # one tick: results finishing together join this round trip
+        items, self._pending, self._flusher = self._pending, [], None
+        try:
+            outcomes = await self.publish([(result, reply_to) for result, reply_to, _ in items])
+        except Exception as exc:  # each caller sees the failure and decides
+            for _, _, future in items:
+                future.set_exception(exc)
+            return
+        for (_, _, future), outcome in zip(items, outcomes, strict=True):
+            future.set_result(outcome)
 
     async def already_done(self, call_ids: list[str]) -> set[str]:
         """The calls of this list whose result was published already (a redelivered message)."""

@@ -50,7 +50,7 @@ class Service:
             result, reply_to = item, None
         else:
             result, reply_to = await execute(item, self.runtime, received_at), item.reply_to
-        await self.publisher.publish([(result, reply_to)])
+        await self.publisher.publish_one(result, reply_to)
         return {"callId": result.call_id, "exitCode": result.exit_code, "statusCode": result.status_code}
 
 
