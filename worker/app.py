@@ -2,10 +2,70 @@
 
 from __future__ import annotations
 
-from celery import Celery
+import hashlib
+import json
+import time
+from typing import Any
 
-from worker.constants import DEFAULT_QUEUE
+import redis
+import structlog
+from celery import Celery
+from celery.worker.consumer import Consumer
+
+from worker.constants import DEAD_LETTER_KEY, DEAD_LETTER_MAX, DEFAULT_QUEUE
+from worker.protocol import redacted_repr
 from worker.settings import get_settings
+
+log = structlog.get_logger("toolworker.app")
+
+
+class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
+    """Messages that are not calls at all (undecodable, unknown task) are kept in a dead-letter list
+    with the reason, and the worker goes on consuming."""
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        dead_letter("undecodable message", exc, message.body)
+        super().on_decode_error(message, exc)
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        dead_letter("not a task message", None, body)
+        super().on_unknown_message(body, message)
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        dead_letter(f"unknown task {message.headers.get('task')!r}", exc, body)
+        super().on_unknown_task(body, message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        dead_letter("invalid task message", exc, body)
+        super().on_invalid_task(body, message, exc)
+
+
+def dead_letter(reason: str, exc: Exception | None, body: Any) -> None:
+    """Record a rejected message; its content only in redacted form (it may carry call headers)."""
+    raw = body if isinstance(body, bytes | str) else json.dumps(body, default=str)
+    data = raw.encode() if isinstance(raw, str) else raw
+    try:
+        shown = redacted_repr(json.loads(data))
+    except ValueError:
+        shown = None  # not JSON: keep only its size and digest
+    entry = {
+        "reason": reason,
+        "error": str(exc)[:500] if exc else None,
+        "body": shown,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "at": time.time(),
+    }
+    log.warning("message.dead_lettered", reason=reason, sha256=entry["sha256"])
+    try:
+        client = redis.Redis.from_url(get_settings().redis_url)
+        with client.pipeline() as pipe:
+            pipe.lpush(DEAD_LETTER_KEY, json.dumps(entry))
+            pipe.ltrim(DEAD_LETTER_KEY, 0, DEAD_LETTER_MAX - 1)
+            pipe.execute()
+        client.close()
+    except redis.RedisError as error:
+        log.error("message.dead_letter_failed", error=str(error))
 
 
 def create_app() -> Celery:
@@ -34,6 +94,7 @@ def create_app() -> Celery:
         task_send_sent_event=True,
         worker_soft_shutdown_timeout=10.0,
         worker_hijack_root_logger=False,
+        worker_consumer="worker.app:DeadLetteringConsumer",
     )
     return app
 

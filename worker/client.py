@@ -21,7 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, ROUTES_KEY, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.envelope import ToolResult
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_message
@@ -31,6 +31,7 @@ from worker.settings import get_settings
 DEFAULT_TIMEOUT_S = 60.0
 T = TypeVar("T")
 _READ_BLOCK_MS = 1000
+_ROUTES_TTL_S = 10.0
 _READ_COUNT = 1000
 
 CallSpec = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], Mapping[str, str]]
@@ -52,6 +53,8 @@ class AsyncToolClient:
         self._outbox: list[dict[str, Any]] = []
         self._outbox_sent: asyncio.Future[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._routes: dict[str, str] = {}
+        self._routes_at = -_ROUTES_TTL_S
 
     async def acall(
         self,
@@ -91,11 +94,26 @@ class AsyncToolClient:
         sent, self._outbox_sent = self._outbox_sent, None
         assert sent is not None
         try:
-            await self._redis.lpush(self._queue, *task_messages(messages, self._queue, self._max_batch))
+            by_queue = await self._by_queue(messages)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for queue, calls in by_queue.items():
+                    pipe.lpush(queue, *task_messages(calls, queue, self._max_batch))
+                await pipe.execute()
         except Exception as exc:  # every waiting submitter sees the failure
             sent.set_exception(exc)
         else:
             sent.set_result(None)
+
+    async def _by_queue(self, messages: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        """Group calls by the queue of their tool's upstream (bulkheads); the map is refreshed every 10 s."""
+        if time.monotonic() - self._routes_at > _ROUTES_TTL_S:
+            raw: Any = await self._redis.hgetall(ROUTES_KEY)
+            self._routes = {k.decode(): v.decode() for k, v in raw.items()}
+            self._routes_at = time.monotonic()
+        grouped: dict[str, list[dict[str, Any]]] = {}
+        for message in messages:
+            grouped.setdefault(self._routes.get(message["tool"], self._queue), []).append(message)
+        return grouped
 
     async def result(self, call_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
         """The envelope of a call; raises TimeoutError when it does not come in time."""

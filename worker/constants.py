@@ -9,6 +9,9 @@ RESULT_KEY_PREFIX = "celery-task-meta-"
 # SET NX on this key before publishing makes result publication exactly-once per callId.
 DONE_KEY_PREFIX = "toolcall:done:"
 DEAD_LETTER_KEY = "toolcall:dead-letter"
+DEAD_LETTER_MAX = 10_000
+# Tool name -> Celery queue, for tools whose upstream has a queue of its own (bulkheads).
+ROUTES_KEY = "toolworker:routes"
 
 REDACTED = "[redacted]"
 MAX_ARGUMENTS_BYTES = 1024 * 1024

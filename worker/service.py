@@ -88,9 +88,14 @@ def build_service(settings: Settings) -> Service:
 
 
 def _initial_definitions(settings: Settings) -> tuple[int, ToolSet]:
-    if settings.store == "file":
-        return 0, _loaded(store.load([settings.definitions]), "file")
     client = redis.Redis.from_url(settings.redis_url)
+    if settings.store == "file":
+        toolset = _loaded(store.load([settings.definitions]), "file")
+        try:
+            store.write_routes(client, toolset)
+        finally:
+            client.close()
+        return 0, toolset
     try:
         payload = client.get(DEFINITIONS_BUNDLE_PREFIX + str(int(client.get(DEFINITIONS_CURRENT_KEY) or 0)))
     finally:

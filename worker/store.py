@@ -8,12 +8,18 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import redis
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY, DEFINITIONS_VERSION_KEY
+from worker.constants import (
+    DEFINITIONS_BUNDLE_PREFIX,
+    DEFINITIONS_CURRENT_KEY,
+    DEFINITIONS_VERSION_KEY,
+    ROUTES_KEY,
+)
 from worker.readers import DefinitionSyntaxError, parse_file, read_document
 from worker.tools import Problem, Source, Tool, ToolSet
 
@@ -84,6 +90,25 @@ def tool_problems(tool: Tool, toolset: ToolSet) -> list[str]:
 # --- the shared store: definitions published to Redis, so every worker and client sees one catalog ---
 
 
+def routes(toolset: ToolSet) -> dict[str, str]:
+    """Tool -> queue for the tools whose upstream has a queue of its own."""
+    return {
+        name: upstream.queue
+        for name, tool in toolset.tools.items()
+        if (upstream := toolset.upstreams.get(tool.upstream)) is not None and upstream.queue
+    }
+
+
+def write_routes(client: redis.Redis, toolset: ToolSet) -> None:
+    """Make this toolset's routes the ones clients use (replacing the previous map at once)."""
+    table = routes(toolset)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(ROUTES_KEY)
+        if table:
+            pipe.hset(ROUTES_KEY, mapping=cast(Any, table))  # redis-py types reject dict[str, str]
+        pipe.execute()
+
+
 def bundle(paths: list[Path]) -> dict[str, str]:
     """The definitions files below `paths`, relative path -> text (a root index prefixes several roots)."""
     files: dict[str, str] = {}
@@ -107,6 +132,7 @@ def publish(client: redis.Redis, paths: list[Path], environ: Mapping[str, str] |
         pipe.set(DEFINITIONS_BUNDLE_PREFIX + str(version), payload)
         pipe.set(DEFINITIONS_CURRENT_KEY, version)
         pipe.execute()
+    write_routes(client, toolset)
     return version, toolset
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
+from celery.signals import worker_ready
 from celery.worker.request import Request
 
 from worker.app import app
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.protocol import redacted_repr
-from worker.service import run_messages
+from worker.service import process_service, run_messages
 
 
 class RedactedRequest(Request):  # type: ignore[misc]
@@ -44,3 +45,9 @@ def execute(self: CallTask, message: Any = None) -> dict[str, Any] | None:
 def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
     items = messages if isinstance(messages, list) else [messages]
     return run_messages(items, self.request.id, batch=True)
+
+
+@worker_ready.connect
+def _load_at_start(**_: Any) -> None:
+    """Load definitions (and publish routes) when the worker starts, so problems show at boot."""
+    process_service()
