@@ -532,3 +532,14 @@ def test_arguments_never_change_origin_or_header_names(origin: str, method: str,
     assert parsed.raw_fragment == ""
     expected = {"authorization", "accept", "x-trace"} | ({"content-type"} if method == "POST" else set())
     assert header_names(prepared) == expected
+
+
+def test_call_header_count_and_size_are_capped() -> None:
+    """More than 64 call headers, or a header value over 8 KiB, is an argument error (65)."""
+    from worker.rendering import MAX_HEADER_VALUE_CHARS, MAX_HEADERS, check_header_count, checked_header_value
+
+    with pytest.raises(InvalidArguments, match="Too many headers"):
+        check_header_count({f"X-H{i}": "v" for i in range(MAX_HEADERS + 1)})
+    with pytest.raises(InvalidArguments, match="too long"):
+        checked_header_value("X-Big", "v" * (MAX_HEADER_VALUE_CHARS + 1))
+    assert checked_header_value("X-Ok", "v" * MAX_HEADER_VALUE_CHARS) == "v" * MAX_HEADER_VALUE_CHARS

@@ -20,6 +20,7 @@ from worker.rendering import (
     FRAMING_HEADERS,
     HEADER_NAME,
     PreparedRequest,
+    check_header_count,
     checked_header_value,
     is_form,
     is_json,
@@ -112,6 +113,7 @@ def _headers(value: Any) -> _Headers:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidArguments("`headers` must be an object of header names to string values.")
+    check_header_count(value)
     headers: _Headers = {}
     for name, header_value in value.items():
         if not isinstance(name, str) or not HEADER_NAME.match(name) or not isinstance(header_value, str):

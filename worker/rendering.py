@@ -29,6 +29,9 @@ _FORBIDDEN_VALUE = re.compile(r"[\r\n\x00]")
 FRAMING_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer", "keep-alive"}
 )
+# Header limits for values that come from a model or a caller.
+MAX_HEADERS = 64
+MAX_HEADER_VALUE_CHARS = 8192
 # Secrets shorter than this are redacted in headers but not searched for inside texts.
 _MIN_SECRET_LEN = 4
 
@@ -231,6 +234,7 @@ def _render_headers(
             ctx.secrets.add(value)
         merged[name.lower()] = (name, checked_header_value(name, value))
     dropped = []
+    check_header_count(call_headers)
     for name, value in call_headers.items():
         lower = _checked_call_header(name, value, upstream)
         if lower is None:
@@ -245,7 +249,14 @@ def _render_headers(
 def checked_header_value(name: str, value: str) -> str:
     if _FORBIDDEN_VALUE.search(value):
         raise InvalidArguments(f"The value of header {name!r} may not contain CR, LF or NUL characters.")
+    if len(value) > MAX_HEADER_VALUE_CHARS:
+        raise InvalidArguments(f"The value of header {name!r} is too long (at most {MAX_HEADER_VALUE_CHARS}).")
     return value
+
+
+def check_header_count(headers: Mapping[str, Any]) -> None:
+    if len(headers) > MAX_HEADERS:
+        raise InvalidArguments(f"Too many headers ({len(headers)}; at most {MAX_HEADERS}).")
 
 
 def _checked_call_header(name: str, value: Any, upstream: Upstream) -> str | None:
