@@ -29,9 +29,7 @@ tools:
 
 
 @pytest.fixture
-def published_worker(
-    tmp_path: Path, upstream: Upstream, dns_server: NxDomainServer
-) -> Iterator[tuple[str, Path]]:
+def published_worker(tmp_path: Path, upstream: Upstream, dns_server: NxDomainServer) -> Iterator[tuple[str, Path]]:
     """A worker of its own reading the shared store of a Redis server of its own."""
     server = EmbeddedRedis(tmp_path / "redis").start()
     defs = tmp_path / "defs"
