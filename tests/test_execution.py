@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -562,3 +564,23 @@ def test_parse_call_reads_every_field() -> None:
     assert (call.call_id, call.session_id, call.timeout_s, call.reply_to) == ("c-1", "s-42", 5, "agent:42:results")
     assert call.headers == {"X-User-Token": "u"} and call.arguments == {"ticket_id": "T"}
     assert call.deadline == datetime(2026, 11, 22, 10, tzinfo=UTC)
+
+
+async def test_retry_after_is_honoured(run: Any) -> None:
+    """A 503 with Retry-After is retried after the time the upstream asked for."""
+    started = time.monotonic()
+    busy = dataclasses.replace(response(503, b"busy"), retry_after="0.3")
+    envelope, transport = await run(lookup(), busy, response(200))
+    assert envelope.exit_code == 0 and envelope.attempts == 2 and len(transport.requests) == 2
+    assert time.monotonic() - started >= 0.3
+
+
+async def test_retry_after_beyond_the_deadline_is_not_waited_for(run: Any) -> None:
+    """When Retry-After asks for more time than the call has, the 503 answer stands at once."""
+    started = time.monotonic()
+    busy = dataclasses.replace(response(503, b"come back later"), retry_after="30")
+    envelope, transport = await run(lookup(timeoutSeconds=5), busy, response(200))
+    assert len(transport.requests) == 1
+    assert envelope.exit_code == 22 and envelope.status_code == 503 and envelope.attempts == 1
+    assert envelope.result == "come back later"
+    assert time.monotonic() - started < 2

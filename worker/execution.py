@@ -25,11 +25,14 @@ from worker.egress import EgressPolicy
 from worker.envelope import ToolResult
 from worker.generic import render_generic
 from worker.rendering import PreparedRequest, redact, render
+from worker.retry_after import parse_retry_after
 from worker.tools import IDEMPOTENT_METHODS, Tool, ToolSet, Upstream
 from worker.transport import Limits, RedirectCheck, Response, Transport
 
 log = structlog.get_logger("toolworker.call")
 _MAX_REPORTED_ERRORS = 5
+# A Retry-After longer than this is not waited for (the non-2xx answer is returned).
+MAX_RETRY_AFTER_S = 60.0
 
 
 class ToolCall(BaseModel):
@@ -236,6 +239,12 @@ async def _send_with_retries(
         else:
             if attempt == attempts or response.status not in policy.statuses:
                 return response
+            asked_s = parse_retry_after(response.retry_after, time.time())
+            if asked_s is not None:
+                if asked_s > MAX_RETRY_AFTER_S or time.time() + asked_s >= deadline:
+                    return response  # the upstream asks for more time than the call has: its answer stands
+                await asyncio.sleep(asked_s)
+                continue
         await asyncio.sleep(min(_backoff(policy.backoff_s, policy.max_backoff_s, attempt), deadline - time.time()))
     raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -33,6 +33,7 @@ class Response:
     # False when the read stopped at max_response_bytes.
     complete: bool
     url: str
+    retry_after: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,7 @@ def _response(resp: aiohttp.ClientResponse, body: bytes, complete: bool) -> Resp
         body=body,
         complete=complete,
         url=str(resp.url),
+        retry_after=resp.headers.get("Retry-After"),
     )
 
 
