@@ -1,76 +1,110 @@
-"""Measure the whole pipeline against the raw aiohttp limit, side by side, in one run.
+"""The pieces of the pipeline benchmark: the processes it starts and the measurements it takes.
 
-Usage: python -m benchmarks.pipeline [--calls N] [--latency-ms 0,100] [--body-bytes 1024] [--pools threads,prefork]
-Every figure is also given as a ratio of the raw aiohttp limit measured in the same run.
+`benchmarks/run.py` puts them together (`make bench`); `python -m benchmarks.pipeline` is the same entry.
+
+Every measurement returns a `Sample`: how many calls, how long they took together, and for each call
+the time from its submission to its result as the client saw it. A burst submits every call at once
+and then collects, so its latencies include the wait in the queue; a sequential run sends one call at
+a time, so its latencies are the pipeline's own overhead.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-from collections import Counter
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
+from celery.result import AsyncResult
 
-from worker.client import AsyncToolClient
-from worker.embedded import EmbeddedRedis, free_port
+from worker.client import AsyncToolClient, ToolClient
+from worker.embedded import free_port
+from worker.envelope import ToolResult
 
 ROOT = Path(__file__).resolve().parent.parent
-CONCURRENCY = 256
+TOOL = "bench_get"
+RAW_CONCURRENCY = 256
+CALL_TIMEOUT_S = 300.0
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+RSS_INTERVAL_S = 0.02
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Sample:
+    calls: int
+    seconds: float
+    latencies_s: list[float]
+    failures: Counter[str] = field(default_factory=Counter)
+    truncated: int = 0
+
+    def add_result(self, result: ToolResult) -> None:
+        if result.exit_code:
+            self.failures[f"{result.exit_code}: {(result.error or {}).get('message', '')}"[:120]] += 1
+        self.truncated += result.truncated
+
+
+# Processes
+
+
+@dataclass(frozen=True)
+class Upstream:
+    url: str
+
+    def stats(self, reset: bool = False) -> dict[str, int]:
+        """Requests in flight now and at most since the last reset, as the upstream counted them."""
+        query = "?reset=1" if reset else ""
+        with urllib.request.urlopen(f"{self.url}/_stats{query}", timeout=10) as resp:
+            stats: dict[str, int] = json.load(resp)
+            return stats
 
 
 @contextmanager
-def upstream(latency_ms: float, body_bytes: int) -> Iterator[str]:
+def upstream(latency_ms: float, body_bytes: int) -> Iterator[Upstream]:
+    """The benchmark upstream in a process of its own (benchmarks/upstream.py)."""
     port = free_port()
     argv = [sys.executable, "-m", "benchmarks.upstream", "--port", str(port)]
     argv += ["--latency-ms", str(latency_ms), "--body-bytes", str(body_bytes)]
-    process = subprocess.Popen(argv, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(url)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
+    with process_group(argv, dict(os.environ)):
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url)
+        yield Upstream(url)
 
 
-def _wait_http(url: str) -> None:
-    async def probe() -> None:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(200):
-                try:
-                    async with session.get(url + "/ready") as resp:
-                        await resp.read()
-                        return
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
-        raise RuntimeError("benchmark upstream did not start")
-
-    asyncio.run(probe())
+def _wait_ready(url: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"the benchmark upstream at {url} did not start")
 
 
-def definitions(directory: Path, max_output_chars: int) -> Path:
-    path = directory / "bench.yaml"
-    path.write_text(
+def definitions(directory: Path, max_concurrency: int) -> Path:
+    """One GET tool on the upstream; max_output_chars and max_response_bytes stay at their defaults."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "bench.yaml").write_text(
         "upstreams:\n"
         "  bench:\n"
         "    base_url: ${env:BENCH_UPSTREAM_URL}\n"
-        "    max_concurrency: 2000\n"
-        f"    max_output_chars: {max_output_chars}\n"
+        f"    max_concurrency: {max_concurrency}\n"
         "tools:\n"
-        "  - name: bench_get\n"
+        f"  - name: {TOOL}\n"
         "    upstream: bench\n"
         "    input_schema: {type: object, properties: {i: {type: integer}}}\n"
         '    request: {method: GET, path: "/items/${i}"}\n'
@@ -79,180 +113,301 @@ def definitions(directory: Path, max_output_chars: int) -> Path:
 
 
 @contextmanager
-def worker(redis_url: str, upstream_url: str, pool: str, concurrency: int, defs: Path) -> Iterator[int]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
-    env.update(
-        TOOLWORKER_REDIS_URL=redis_url,
-        TOOLWORKER_DEFINITIONS=str(defs),
-        BENCH_UPSTREAM_URL=upstream_url,
-        TOOLWORKER_LOG_LEVEL="WARNING",
-    )
-    argv = [sys.executable, "-m", "worker", "worker", "-P", pool, "-c", str(concurrency), "--loglevel", "WARNING"]
-    # A group of its own: prefork children must not outlive their parent and eat the next case's calls.
-    process = subprocess.Popen(
-        argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+def toolworker(redis_url: str, upstream_url: str, threads: int, max_concurrency: int) -> Iterator[int]:
+    """`toolworker worker -P threads -c N` serving the benchmark tool; yields its pid once it answers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+        env |= {
+            "TOOLWORKER_REDIS_URL": redis_url,
+            "TOOLWORKER_DEFINITIONS": str(definitions(Path(tmp) / "definitions", max_concurrency)),
+            "TOOLWORKER_LOG_LEVEL": "WARNING",
+            "BENCH_UPSTREAM_URL": upstream_url,
+        }
+        argv = [sys.executable, "-m", "worker", "worker", "-P", "threads", "-c", str(threads), "--loglevel", "WARNING"]
+        log = Path(tmp) / "worker.log"
+        with process_group(argv, env, log) as pid:
+            _warm_up_toolworker(redis_url, log)
+            yield pid
+
+
+def _warm_up_toolworker(redis_url: str, log: Path) -> None:
+    with ToolClient(redis_url) as client:
+        result = client.call(TOOL, {"i": 0}, timeout=START_TIMEOUT_S)
+    if result.exit_code:
+        raise RuntimeError(f"the worker did not answer: {result.error}\n{_tail(log)}")
+
+
+@contextmanager
+def baseline_worker(redis_url: str, upstream_url: str, processes: int) -> Iterator[int]:
+    """The hand-written baseline (benchmarks/baseline.py) on the default prefork pool."""
+    from benchmarks import baseline
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ) | {baseline.REDIS_URL_VARIABLE: redis_url}
+        argv = [sys.executable, "-m", "celery", "-A", "benchmarks.baseline", "worker", "-P", "prefork"]
+        argv += ["-c", str(processes), "-Q", baseline.QUEUE, "--loglevel", "WARNING"]
+        log = Path(tmp) / "baseline.log"
+        with process_group(argv, env, log) as pid:
+            baseline.configure(redis_url)
+            warm_up = [baseline.fetch.delay(upstream_url + "/warm-up") for _ in range(processes * 2)]
+            for pending in warm_up:
+                pending.get(timeout=START_TIMEOUT_S)
+            yield pid
+
+
+@contextmanager
+def process_group(argv: list[str], env: dict[str, str], log: Path | None = None) -> Iterator[int]:
+    """A child in a session of its own, so that the whole tree (prefork children too) stops with it."""
+    with (log or Path(os.devnull)).open("ab") as out:
+        process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=out, start_new_session=True)
     try:
         yield process.pid
     finally:
+        _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    try:
         os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        process.wait()
+
+
+def _tail(log: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# Memory
+
+
+def process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (children of any of its threads)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                continue
+    return found
 
 
 def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children, in MB."""
-    pids = [pid, *_children(pid)]
+    """Resident memory of a process tree, in MB (pages shared between processes count once per process)."""
     total_kb = 0
-    for p in pids:
+    for member in process_tree(pid):
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total_kb += int(line.split()[1])
+            status = Path(f"/proc/{member}/status").read_text()
         except OSError:
             continue
+        total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
     return total_kb / 1024
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [int(c) for c in found]
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) used so far by a process tree's living members, in seconds."""
+    ticks = 0
+    for member in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / CLOCK_TICKS
 
 
-async def raw_limit(url: str, calls: int) -> dict[str, Any]:
-    """Raw aiohttp at the same concurrency: the limit the pipeline is compared with."""
-    semaphore = asyncio.Semaphore(CONCURRENCY)
-    latencies: list[float] = []
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+class Meter:
+    """While the block runs: the highest RSS of a process tree (sampled in a thread) and its CPU time.
+
+    Without a pid it meters this process (the raw aiohttp client): CPU only."""
+
+    def __init__(self, pid: int | None, interval_s: float = RSS_INTERVAL_S) -> None:
+        self._pid = pid
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
+        self.max_rss_mb: float | None = None
+        self.cpu_s = 0.0
+
+    def __enter__(self) -> Meter:
+        self.cpu_s = -self._cpu()
+        if self._pid is not None:
+            self.max_rss_mb = rss_mb(self._pid)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu_s += self._cpu()
+        if self._pid is not None:
+            self._stop.set()
+            self._thread.join(STOP_TIMEOUT_S)
+            self._sample_once()
+
+    def _cpu(self) -> float:
+        return time.process_time() if self._pid is None else cpu_s(self._pid)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._sample_once()
+
+    def _sample_once(self) -> None:
+        assert self._pid is not None
+        self.max_rss_mb = max(self.max_rss_mb or 0.0, rss_mb(self._pid))
+
+
+# Raw aiohttp: the limit
+
+
+def raw_burst(url: str, calls: int, concurrency: int = RAW_CONCURRENCY) -> Sample:
+    """Every call submitted at once, at most `concurrency` on the wire: what the pipeline is compared with."""
+    return asyncio.run(_raw_burst(url, calls, concurrency))
+
+
+async def _raw_burst(url: str, calls: int, concurrency: int) -> Sample:
+    semaphore = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def one(i: int) -> None:
-            async with semaphore:
-                started = time.perf_counter()
-                async with session.get(f"{url}/items/{i}") as resp:
-                    await resp.read()
-                latencies.append(time.perf_counter() - started)
+        async def one(i: int, submitted: float) -> float:
+            async with semaphore, session.get(f"{url}/items/{i}") as resp:
+                await resp.read()
+            return time.perf_counter() - submitted
+
+        await asyncio.gather(*(one(i, 0.0) for i in range(concurrency)))  # the pool's connections are open
+        started = time.perf_counter()
+        latencies = await asyncio.gather(*(one(i, started) for i in range(calls)))
+        return Sample(calls, time.perf_counter() - started, list(latencies))
+
+
+def raw_sequential(url: str, calls: int) -> Sample:
+    return asyncio.run(_raw_sequential(url, calls))
+
+
+async def _raw_sequential(url: str, calls: int) -> Sample:
+    latencies = []
+    async with aiohttp.ClientSession() as session:
+        started = time.perf_counter()
+        for i in range(calls):
+            sent = time.perf_counter()
+            async with session.get(f"{url}/items/{i}") as resp:
+                await resp.read()
+            latencies.append(time.perf_counter() - sent)
+        return Sample(calls, time.perf_counter() - started, latencies)
+
+
+# toolworker
+
+
+def single_burst(redis_url: str, calls: int) -> Sample:
+    """ToolClient: submit every call (one message each), then collect every envelope."""
+    with ToolClient(redis_url) as client:
+        started = time.perf_counter()
+        handles = []
+        for i in range(calls):
+            handles.append((time.perf_counter(), client.submit(TOOL, {"i": i}, timeout=CALL_TIMEOUT_S)))
+        sample = Sample(calls, 0.0, [])
+        for submitted, handle in handles:
+            sample.add_result(handle.get(CALL_TIMEOUT_S))
+            sample.latencies_s.append(time.perf_counter() - submitted)
+        sample.seconds = time.perf_counter() - started
+    return sample
+
+
+def single_sequential(redis_url: str, calls: int) -> Sample:
+    """ToolClient.call, one at a time."""
+    with ToolClient(redis_url) as client:
+        sample = Sample(calls, 0.0, [])
+        started = time.perf_counter()
+        for i in range(calls):
+            sent = time.perf_counter()
+            sample.add_result(client.call(TOOL, {"i": i}, timeout=CALL_TIMEOUT_S))
+            sample.latencies_s.append(time.perf_counter() - sent)
+        sample.seconds = time.perf_counter() - started
+    return sample
+
+
+def async_burst(redis_url: str, calls: int, batch: int) -> Sample:
+    """AsyncToolClient: `acall` per call (batch 1; the client coalesces one tick's calls into batch
+    messages) or `acall_many` per chunk of `batch`, all submitted at once."""
+    return asyncio.run(_async_burst(redis_url, calls, batch))
+
+
+async def _async_burst(redis_url: str, calls: int, batch: int) -> Sample:
+    client = AsyncToolClient(redis_url)
+    try:
+        await client.acall(TOOL, {"i": 0}, timeout=START_TIMEOUT_S)  # the reply reader is running
+        sample = Sample(calls, 0.0, [])
+
+        async def chunk(start: int, submitted: float) -> None:
+            specs = [(TOOL, {"i": i}) for i in range(start, min(calls, start + batch))]
+            if batch == 1:
+                results = [await client.acall(*specs[0], timeout=CALL_TIMEOUT_S)]
+            else:
+                results = await client.acall_many(specs, timeout=CALL_TIMEOUT_S)
+            done = time.perf_counter()
+            for result in results:
+                sample.add_result(result)
+                sample.latencies_s.append(done - submitted)
 
         started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(calls)))
-        elapsed = time.perf_counter() - started
-    return _figures(calls, elapsed, latencies)
+        await asyncio.gather(*(chunk(start, started) for start in range(0, calls, batch)))
+        sample.seconds = time.perf_counter() - started
+        return sample
+    finally:
+        await client.aclose()
 
 
-async def through_pipeline(redis_url: str, calls: int, batch: int) -> dict[str, Any]:
-    """Submit every call, then collect every envelope; batch > 1 sends call_many messages."""
-    client = AsyncToolClient(redis_url)
-    await client.acall("bench_get", {"i": 0}, timeout=60)  # warm up: worker, pools, reader
-    latencies: list[float] = []
-    errors: Counter[str] = Counter()
+# The hand-written baseline
 
-    async def chunk(start: int) -> None:
-        specs = [("bench_get", {"i": i}) for i in range(start, min(calls, start + batch))]
-        sent = time.perf_counter()
-        results = (
-            await client.acall_many(specs, timeout=120) if batch > 1 else [await client.acall(*specs[0], timeout=120)]
-        )
-        done = time.perf_counter()
-        latencies.extend(done - sent for _ in results)
-        errors.update(f"{r.exit_code}: {(r.error or {}).get('message', '')}"[:120] for r in results if r.exit_code)
+
+def baseline_burst(upstream_url: str, calls: int) -> Sample:
+    """`fetch.delay(url)` for every call, then `.get()` for each."""
+    from benchmarks.baseline import fetch
 
     started = time.perf_counter()
-    await asyncio.gather(*(chunk(s) for s in range(0, calls, batch)))
-    elapsed = time.perf_counter() - started
-    await client.aclose()
-    figures = _figures(calls, elapsed, latencies)
-    figures["failures"] = sum(errors.values())
-    figures["first_error"] = errors.most_common(1)[0][0] if errors else ""
-    return figures
+    pending = [(time.perf_counter(), fetch.delay(f"{upstream_url}/items/{i}")) for i in range(calls)]
+    sample = Sample(calls, 0.0, [])
+    for submitted, result in pending:
+        _collect_baseline(sample, result, submitted)
+    sample.seconds = time.perf_counter() - started
+    return sample
 
 
-def _figures(calls: int, elapsed: float, latencies: list[float]) -> dict[str, Any]:
-    ordered = sorted(latencies)
+def baseline_sequential(upstream_url: str, calls: int) -> Sample:
+    from benchmarks.baseline import fetch
 
-    def pct(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2)
-
-    return {
-        "calls": calls,
-        "seconds": round(elapsed, 3),
-        "calls_per_s": round(calls / elapsed, 1),
-        "p50_ms": pct(0.50),
-        "p95_ms": pct(0.95),
-        "p99_ms": pct(0.99),
-        "mean_ms": round(statistics.fmean(ordered) * 1000, 2),
-    }
+    sample = Sample(calls, 0.0, [])
+    started = time.perf_counter()
+    for i in range(calls):
+        sent = time.perf_counter()
+        _collect_baseline(sample, fetch.delay(f"{upstream_url}/items/{i}"), sent)
+    sample.seconds = time.perf_counter() - started
+    return sample
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedRedis(Path(tmp) / "redis").start()
-        try:
-            for latency in args.latency_ms:
-                with upstream(latency, args.body_bytes) as url:
-                    limit = asyncio.run(raw_limit(url, args.calls))
-                    rows.append({"case": "raw aiohttp", "latency_ms": latency, **limit, "ratio": 1.0})
-                    for pool in args.pools:
-                        rows.extend(_pipeline_rows(server, url, pool, latency, limit, args))
-        finally:
-            server.stop()
-    return rows
-
-
-def _pipeline_rows(
-    server: EmbeddedRedis, url: str, pool: str, latency: float, limit: dict[str, Any], args: argparse.Namespace
-) -> list[dict[str, Any]]:
-    concurrency = args.threads if pool == "threads" else args.processes
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        defs = definitions(Path(tmp), 16000)
-        with worker(server.url, url, pool, concurrency, defs) as pid:
-            for label, batch in (("single", 1), ("batched", args.batch)):
-                figures = asyncio.run(through_pipeline(server.url, args.calls, batch))
-                rss = rss_mb(pid)
-                ratio = round(figures["calls_per_s"] / limit["calls_per_s"], 3)
-                rows.append(
-                    {
-                        "case": f"{pool} -c{concurrency} {label}",
-                        "latency_ms": latency,
-                        **figures,
-                        "ratio": ratio,
-                        "rss_mb": round(rss, 1),
-                    }
-                )
-    return rows
-
-
-def print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ["case", "latency_ms", "calls_per_s", "ratio", "p50_ms", "p95_ms", "p99_ms", "rss_mb", "failures"]
-    columns.append("first_error")
-    print(" | ".join(columns))
-    for row in rows:
-        print(" | ".join(str(row.get(c, "")) for c in columns))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--latency-ms", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 100.0])
-    parser.add_argument("--body-bytes", type=int, default=1024)
-    parser.add_argument("--pools", type=lambda s: s.split(","), default=["threads"])
-    parser.add_argument("--threads", type=int, default=64)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=50)
-    parser.add_argument("--json", type=Path, help="also write the rows here")
-    args = parser.parse_args()
-    rows = run(args)
-    print_table(rows)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+def _collect_baseline(sample: Sample, result: AsyncResult, submitted: float) -> None:
+    try:
+        answer = result.get(timeout=CALL_TIMEOUT_S)
+    except Exception as exc:  # a failed task re-raises its own exception here: count it, keep going
+        sample.failures[f"{type(exc).__name__}: {exc}"[:120]] += 1
+    else:
+        if answer["status"] != 200:
+            sample.failures[f"HTTP {answer['status']}"] += 1
+    sample.latencies_s.append(time.perf_counter() - submitted)
 
 
 if __name__ == "__main__":
+    from benchmarks.run import main
+
     main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from typing import Any
 
@@ -17,6 +18,8 @@ from worker.protocol import redacted_repr
 from worker.settings import get_settings
 
 log = structlog.get_logger("toolworker.app")
+_REPLY_TO = re.compile(r'"replyTo"\s*:\s*"([^"\\]{1,512})"')
+_REPLY_TO_SCAN_CHARS = 1 << 20
 
 
 class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
@@ -25,7 +28,11 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         dead_letter("undecodable message", exc, message.body)
-        super().on_decode_error(message, exc)
+        task_id = (message.headers or {}).get("id")
+        if isinstance(task_id, str) and task_id:
+            answer_undecodable(task_id, _reply_stream(message.body))
+        # Not Celery's handler: it logs the start of the raw body, call-header values included.
+        message.ack()
 
     def on_unknown_message(self, body: Any, message: Any) -> None:
         dead_letter("not a task message", None, body)
@@ -40,14 +47,36 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
         super().on_invalid_task(body, message, exc)
 
 
+def _reply_stream(body: Any) -> str | None:
+    """The replyTo of a body that cannot be decoded, when its text names exactly one."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+    found = _REPLY_TO.findall(text[:_REPLY_TO_SCAN_CHARS])
+    return found[0] if len(found) == 1 else None
+
+
+def answer_undecodable(task_id: str, reply_to: str | None) -> None:
+    """Give a message that names its task id but cannot be decoded its one envelope (65)."""
+    from worker.envelope import ToolResult
+    from worker.errors import InvalidArguments
+    from worker.loop import process_loop
+    from worker.service import process_service
+
+    error = InvalidArguments("The tool call message could not be decoded (not JSON, or nested too deeply).")
+    try:
+        publisher = process_service().publisher
+        process_loop().run(publisher.publish_one(ToolResult.failure(task_id, "?", error), reply_to), 30)
+    except Exception as failure:  # the dead-letter entry still records the message
+        log.error("message.answer_failed", callId=task_id, error=str(failure))
+
+
 def dead_letter(reason: str, exc: Exception | None, body: Any) -> None:
     """Record a rejected message; its content only in redacted form (it may carry call headers)."""
     raw = body if isinstance(body, bytes | str) else json.dumps(body, default=str)
     data = raw.encode() if isinstance(raw, str) else raw
     try:
         shown = redacted_repr(json.loads(data))
-    except ValueError:
-        shown = None  # not JSON: keep only its size and digest
+    except (ValueError, RecursionError):
+        shown = None  # not JSON (or too deeply nested to read): keep only its size and digest
     entry = {
         "reason": reason,
         "error": str(exc)[:500] if exc else None,
@@ -70,7 +99,9 @@ def dead_letter(reason: str, exc: Exception | None, body: Any) -> None:
 
 def create_app() -> Celery:
     settings = get_settings()
-    transport_options = {"visibility_timeout": settings.visibility_timeout_seconds}
+    # A lost worker's unacknowledged calls come back once older than the visibility timeout; sweep for
+    # them on every check (about every 10 s) rather than every tenth.
+    transport_options = {"visibility_timeout": settings.visibility_timeout_seconds, "unacked_restore_throttle": 1}
     app = Celery("toolworker", broker=settings.redis_url, backend=settings.redis_url, include=["worker.tasks"])
     app.conf.update(
         task_serializer="json",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_MAX_RESTARTS = 5
+
+
 class _RedisUnreachable(Exception):
     pass
 
@@ -93,8 +98,26 @@ def _worker(args: argparse.Namespace) -> int:
     argv += ["-E", "-Q", args.queues or "toolcalls"]
     if args.hostname:
         argv += ["-n", args.hostname]
-    app.worker_main(argv)
+    try:
+        app.worker_main(argv)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            _restart_in_place(exc.code)
+        raise
     return 0
+
+
+def _restart_in_place(code: object) -> None:
+    """After an unrecoverable broker error (kombu can fail this way when Redis restarts), start afresh
+    in the same process, so the worker reconnects by itself and keeps its pid; give up after a few tries."""
+    restarts = int(os.environ.get("TOOLWORKER_RESTARTS", "0"))
+    if restarts >= _MAX_RESTARTS:
+        print(f"toolworker: the worker stopped with {code}; not restarting again", file=sys.stderr)
+        return
+    print(f"toolworker: the worker stopped with {code}; restarting", file=sys.stderr, flush=True)
+    time.sleep(min(30.0, 2.0**restarts))
+    os.environ["TOOLWORKER_RESTARTS"] = str(restarts + 1)
+    os.execv(sys.executable, [sys.executable, "-m", "worker", *sys.argv[1:]])
 
 
 def _dev(args: argparse.Namespace) -> int:

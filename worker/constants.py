@@ -12,6 +12,7 @@ DEAD_LETTER_KEY = "toolcall:dead-letter"
 DEAD_LETTER_MAX = 10_000
 # Tool name -> Celery queue, for tools whose upstream has a queue of its own (bulkheads).
 ROUTES_KEY = "toolworker:routes"
+RATE_LIMIT_KEY_PREFIX = "toolworker:ratelimit:"
 
 REDACTED = "[redacted]"
 MAX_ARGUMENTS_BYTES = 1024 * 1024

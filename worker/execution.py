@@ -12,15 +12,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import redis.asyncio as aioredis
 import structlog
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaViolation
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
 
-from worker import errors, logs
+from worker import errors, logs, ratelimit
 from worker.builtins import ALIASES, run_catalog
-from worker.constants import MAX_ARGUMENTS_BYTES
+from worker.circuit import Breakers, CircuitBreaker
+from worker.constants import MAX_ARGUMENTS_BYTES, RATE_LIMIT_KEY_PREFIX
 from worker.egress import EgressPolicy
 from worker.envelope import ToolResult
 from worker.generic import render_generic
@@ -33,6 +35,9 @@ log = structlog.get_logger("toolworker.call")
 _MAX_REPORTED_ERRORS = 5
 # A Retry-After longer than this is not waited for (the non-2xx answer is returned).
 MAX_RETRY_AFTER_S = 60.0
+# A call without a deadline waits this long at most for the shared rate limit.
+MAX_RATE_WAIT_S = 300.0
+_READ_MARGIN_BYTES = 64 * 1024
 
 
 class ToolCall(BaseModel):
@@ -58,6 +63,9 @@ class Runtime:
     environ: Mapping[str, str]
     transport: Transport = field(default_factory=Transport)
     policy: EgressPolicy = field(default_factory=lambda: EgressPolicy.parse(""))
+    breakers: Breakers = field(default_factory=Breakers)
+    # Shared state between workers (rate limits); None where no Redis is at hand (unit tests).
+    redis: aioredis.Redis | None = None
     _validators: dict[str, Draft202012Validator] = field(default_factory=dict)
 
     def resolve(self, name: str) -> tuple[Tool, Upstream]:
@@ -135,7 +143,11 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     # A defined tool's own upstream is trusted configuration; everything else is egress-checked.
     trusted = None if tool.kind == "generic" else URL(request.url, encoded=True).origin()
     check = _redirect_check(trusted, upstream, runtime.policy)
-    response = await _send_with_retries(runtime.transport, request, upstream, deadline, envelope, check, trusted)
+    breaker = runtime.breakers.get(upstream.name, upstream.circuit.threshold, upstream.circuit.cooldown_s)
+    if trusted is not None:  # the generic tool reaches many hosts: no one breaker speaks for them
+        breaker.before_call()
+    attempt = Attempt(runtime, request, upstream, deadline, check, trusted, breaker if trusted is not None else None)
+    response = await _send_with_retries(attempt, envelope, read_limit(tool, upstream))
     shape_result(envelope, response, tool, upstream, request.secrets)
 
 
@@ -209,35 +221,75 @@ def _describe_request(envelope: ToolResult, request: PreparedRequest, upstream: 
         envelope.body = redact(text, request.secrets)[: upstream.max_output_chars]
 
 
-async def _send_with_retries(
-    transport: Transport,
-    request: PreparedRequest,
-    upstream: Upstream,
-    deadline: float,
-    envelope: ToolResult,
-    check: RedirectCheck,
-    trusted: URL | None,
-) -> Response:
-    policy = upstream.retry
-    may_retry = request.method in IDEMPOTENT_METHODS or policy.unsafe_methods
-    attempts = policy.attempts if may_retry else 1
-    limits = Limits(upstream.max_response_bytes, upstream.connect_timeout_s)
-    for attempt in range(1, attempts + 1):
-        envelope.attempts = attempt
-        budget = min(upstream.timeout_s, deadline - time.time())
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What each attempt of one call needs."""
+
+    runtime: Runtime
+    request: PreparedRequest
+    upstream: Upstream
+    deadline: float
+    check: RedirectCheck
+    trusted: URL | None
+    breaker: CircuitBreaker | None
+
+    async def send(self, limits: Limits) -> Response:
+        """One attempt, within the rate limit and the time left; its outcome is told to the breaker."""
+        rate = self.upstream.rate_limit
+        if rate is not None and self.runtime.redis is not None:
+            horizon = min(self.deadline, time.time() + MAX_RATE_WAIT_S)
+            key = RATE_LIMIT_KEY_PREFIX + self.upstream.name
+            await ratelimit.acquire(self.runtime.redis, key, rate.per_second, rate.burst, horizon)
+        budget = min(self.upstream.timeout_s, self.deadline - time.time())
         if budget <= 0:
             raise errors.TimedOut("The call ran out of time before the upstream answered.")
         try:
             async with asyncio.timeout(budget):
-                response = await transport.send(request, upstream, limits, check, trusted)
+                response = await self.runtime.transport.send(
+                    self.request, self.upstream, limits, self.check, self.trusted
+                )
         except TimeoutError:
-            if attempt == attempts:
-                raise errors.TimedOut(f"The upstream did not answer within {budget:.3g} seconds.") from None
+            self._record(failed=True)
+            raise errors.TimedOut(f"The upstream did not answer within {budget:.3g} seconds.") from None
+        except errors.TransportError:
+            self._record(failed=True)
+            raise
+        self._record(failed=response.status >= 500)
+        return response
+
+    def _record(self, failed: bool) -> None:
+        if self.breaker is None:
+            return
+        if failed:
+            self.breaker.record_failure()
+        else:
+            self.breaker.record_success()
+
+
+def read_limit(tool: Tool, upstream: Upstream) -> int:
+    """Bytes worth reading: all of them (to the cap) for a transform, else enough to fill the result."""
+    if tool.transform is not None:
+        return upstream.max_response_bytes
+    chars = tool.max_output_chars or upstream.max_output_chars
+    # At most 4 bytes a character, and room for a secret that straddles the cut to be found and redacted.
+    return min(upstream.max_response_bytes, 4 * chars + _READ_MARGIN_BYTES)
+
+
+async def _send_with_retries(attempt: Attempt, envelope: ToolResult, max_bytes: int) -> Response:
+    upstream, request, deadline = attempt.upstream, attempt.request, attempt.deadline
+    policy = upstream.retry
+    may_retry = request.method in IDEMPOTENT_METHODS or policy.unsafe_methods
+    attempts = policy.attempts if may_retry else 1
+    limits = Limits(max_bytes, upstream.connect_timeout_s)
+    for number in range(1, attempts + 1):
+        envelope.attempts = number
+        try:
+            response = await attempt.send(limits)
         except errors.TransportError as exc:
-            if attempt == attempts or not exc.retryable:
+            if number == attempts or not exc.retryable:
                 raise
         else:
-            if attempt == attempts or response.status not in policy.statuses:
+            if number == attempts or response.status not in policy.statuses:
                 return response
             asked_s = parse_retry_after(response.retry_after, time.time())
             if asked_s is not None:
@@ -245,7 +297,7 @@ async def _send_with_retries(
                     return response  # the upstream asks for more time than the call has: its answer stands
                 await asyncio.sleep(asked_s)
                 continue
-        await asyncio.sleep(min(_backoff(policy.backoff_s, policy.max_backoff_s, attempt), deadline - time.time()))
+        await asyncio.sleep(min(_backoff(policy.backoff_s, policy.max_backoff_s, number), deadline - time.time()))
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 

@@ -82,6 +82,8 @@ def render_generic(arguments: Mapping[str, Any], policy: EgressPolicy) -> Prepar
     policy.check_url(url)
     headers = _headers(arguments.get("headers"))
     parsed = URL(url)
+    if parsed.user is not None or parsed.password is not None:
+        raise InvalidArguments("Credentials in the URL are not allowed; send them in a header instead.")
     target, body, content_type = _payload(method, parsed, arguments.get("body"), _content_type(headers))
     if content_type is not None:
         headers["content-type"] = ("Content-Type", content_type)

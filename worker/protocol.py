@@ -25,7 +25,7 @@ def redacted_repr(message: Any) -> str:
         message = {**message, "headers": dict.fromkeys(message["headers"], REDACTED)}
     try:
         text = json.dumps(message, ensure_ascii=False, default=str)
-    except ValueError:
+    except (ValueError, RecursionError):
         text = "<unrepresentable>"
     return text if len(text) <= _ARGSREPR_MAX else text[: _ARGSREPR_MAX - 3] + "..."
 

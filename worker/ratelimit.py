@@ -42,7 +42,7 @@ local ttl_ms = math.ceil((new_tat - now) / 1000) + 1
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('%.0f', ttl_ms))
 return {1, wait}
 """
-_GCRA_SHA = hashlib.sha1(_GCRA.encode()).hexdigest()
+_GCRA_SHA = hashlib.sha1(_GCRA.encode(), usedforsecurity=False).hexdigest()  # what EVALSHA names it by
 
 
 async def acquire(redis: aioredis.Redis, key: str, rate_per_s: float, burst: int, deadline: float) -> None:

@@ -78,6 +78,7 @@ def build_service(settings: Settings) -> Service:
         policy=policy,
     )
     publisher = Publisher(connect(settings.redis_url), settings.result_ttl_seconds, settings.reply_stream_maxlen)
+    runtime.redis = publisher.client
     service = Service(runtime, publisher)
     service.definitions_version = version
     if settings.store == "redis":

@@ -38,6 +38,22 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class CircuitPolicy:
+    """Open after `threshold` consecutive failures; try again after `cooldown_s`."""
+
+    threshold: int = 5
+    cooldown_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A rate shared by every worker (through Redis): `per_second` on average, bursts of `burst`."""
+
+    per_second: float
+    burst: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Upstream:
     name: str
     base_url: Template
@@ -54,6 +70,8 @@ class Upstream:
     overridable_headers: frozenset[str] = frozenset()
     # Redirects may leave the upstream's scheme/host/port only when this is set.
     allow_offsite_redirects: bool = False
+    circuit: CircuitPolicy = CircuitPolicy()
+    rate_limit: RateLimit | None = None
     source: Source = Source("<builtin>")
 
 

@@ -52,7 +52,8 @@ class Transport:
         self._dns_servers = dns_servers or []
 
     def session(self, upstream: Upstream, checked: bool) -> aiohttp.ClientSession:
-        key = "\0egress-checked" if checked else upstream.name
+        # The checked pool is shared by every caller with the same TLS setting.
+        key = f"\0egress-checked:{upstream.verify_tls}" if checked else upstream.name
         session = self._sessions.get(key)
         if session is None or session.closed:
             session = self._sessions[key] = self._new_session(upstream, checked)
@@ -120,7 +121,9 @@ async def _send_once(
     body: bytes | None,
     limits: Limits,
 ) -> tuple[Response, str | None]:
-    timeout = aiohttp.ClientTimeout(total=None, connect=limits.connect_timeout_s)
+    # sock_connect, not connect: waiting for a free pooled connection (max_concurrency) is not a connect
+    # failure; the caller's per-attempt budget bounds that wait.
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout_s)
     host = url.host or ""
     try:
         context = session.request(
@@ -134,8 +137,10 @@ async def _send_once(
             return _response(resp, data, complete), None
     except aiohttp.InvalidURL as exc:
         raise errors.MalformedURL(f"The request URL is malformed: {exc}") from None
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:  # TLS errors are OSErrors (and ValueErrors) too
         raise translate(exc, host) from exc
+    except ValueError as exc:  # aiohttp refuses some header/URL combinations before sending
+        raise errors.InvalidArguments(f"The request cannot be sent: {exc}") from None
 
 
 def _response(resp: aiohttp.ClientResponse, body: bytes, complete: bool) -> Response:

@@ -13,6 +13,8 @@ from worker.templates import Template, TemplateSyntaxError
 from worker.tools import (
     METHODS,
     Body,
+    CircuitPolicy,
+    RateLimit,
     RequestTemplate,
     RetryPolicy,
     Source,
@@ -39,6 +41,16 @@ class RetryModel(_Model):
     unsafe_methods: bool = False
 
 
+class CircuitModel(_Model):
+    threshold: int = Field(5, ge=1)
+    cooldown_seconds: float = Field(30.0, ge=0)
+
+
+class RateLimitModel(_Model):
+    per_second: float = Field(gt=0)
+    burst: int = Field(1, ge=1)
+
+
 class UpstreamModel(_Model):
     base_url: str
     timeout_seconds: float = Field(constants.DEFAULT_TIMEOUT_S, gt=0)
@@ -52,6 +64,8 @@ class UpstreamModel(_Model):
     queue: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
     overridable_headers: list[str] = []
     allow_offsite_redirects: bool = False
+    circuit: CircuitModel = CircuitModel()
+    rate_limit: RateLimitModel | None = None
 
 
 class TransformModel(_Model):
@@ -157,6 +171,8 @@ def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
         queue=model.queue,
         overridable_headers=frozenset(h.lower() for h in model.overridable_headers),
         allow_offsite_redirects=model.allow_offsite_redirects,
+        circuit=CircuitPolicy(model.circuit.threshold, model.circuit.cooldown_seconds),
+        rate_limit=RateLimit(model.rate_limit.per_second, model.rate_limit.burst) if model.rate_limit else None,
         source=source,
     )
 
