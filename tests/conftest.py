@@ -77,6 +77,7 @@ def worker_env(redis_url: str, upstream_url: str, dns_address: str, definitions:
         TOOLWORKER_DEFINITIONS=str(definitions),
         TOOLWORKER_DNS_SERVERS=dns_address,
         TOOLWORKER_CONCURRENCY="8",
+        TOOLWORKER_METRICS_PORT="0",
         TEST_UPSTREAM_URL=upstream_url,
         TEST_SECRET_TOKEN=SECRET_TOKEN,
         TEST_CLOSED_URL=f"http://127.0.0.1:{closed_port()}",

@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("tool")
     schema.set_defaults(handler=_schema)
 
+    health = commands.add_parser("health", help="exit 0 when a worker answers a ping through the broker, else 1")
+    health.add_argument("--node", help="the worker node that must answer (%%h: this host's name), e.g. celery@%%h")
+    health.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    health.set_defaults(handler=_health)
+
     publish = commands.add_parser("publish", help="check definitions and make them the version workers serve")
     publish.add_argument("paths", nargs="*", type=Path)
     publish.set_defaults(handler=_publish)
@@ -98,6 +103,9 @@ def _worker(args: argparse.Namespace) -> int:
     argv += ["-E", "-Q", args.queues or "toolcalls"]
     if args.hostname:
         argv += ["-n", args.hostname]
+    from worker.metrics import start_metrics_server
+
+    start_metrics_server(settings.metrics_port)
     try:
         app.worker_main(argv)
     except SystemExit as exc:
@@ -244,6 +252,14 @@ def _schema(args: argparse.Namespace) -> int:
         return 64
     print(json.dumps(found["tools"][0], indent=2, ensure_ascii=False))
     return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    from worker.health import check
+
+    healthy, message = check(get_settings().redis_url, args.timeout, args.node)
+    print(message, file=sys.stdout if healthy else sys.stderr)
+    return 0 if healthy else 1
 
 
 def _publish(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from jsonschema.exceptions import ValidationError as SchemaViolation
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
 
-from worker import errors, logs, ratelimit
+from worker import errors, logs, metrics, ratelimit
 from worker.builtins import ALIASES, run_catalog
 from worker.circuit import Breakers, CircuitBreaker
 from worker.constants import MAX_ARGUMENTS_BYTES, RATE_LIMIT_KEY_PREFIX
@@ -116,6 +116,7 @@ async def execute(call: ToolCall, runtime: Runtime, received_at: float | None = 
         envelope.error = {"type": "internal_error", "message": "The worker failed while running this tool."}
         envelope.exit_code = errors.InternalError.exit_code
     envelope.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+    metrics.observe_call(envelope, _upstream_name(runtime, call.tool))
     log.info(
         "call.finished",
         exitCode=envelope.exit_code,
@@ -147,7 +148,8 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     if trusted is not None:  # the generic tool reaches many hosts: no one breaker speaks for them
         breaker.before_call()
     attempt = Attempt(runtime, request, upstream, deadline, check, trusted, breaker if trusted is not None else None)
-    response = await _send_with_retries(attempt, envelope, read_limit(tool, upstream))
+    with metrics.in_flight(tool.name, upstream.name):
+        response = await _send_with_retries(attempt, envelope, read_limit(tool, upstream))
     shape_result(envelope, response, tool, upstream, request.secrets)
 
 
@@ -155,6 +157,12 @@ def _prepare(tool: Tool, upstream: Upstream, arguments: dict[str, Any], call: To
     if tool.kind == "generic":
         return render_generic(arguments, rt.policy)
     return with_idempotency_key(render(tool, upstream, arguments, call.headers, rt.environ), upstream, call)
+
+
+def _upstream_name(runtime: Runtime, tool_name: str) -> str | None:
+    """The upstream of a defined tool; None when the name (the model's) resolves to no tool."""
+    tool = runtime.toolset.tools.get(ALIASES.get(tool_name, tool_name))
+    return tool.upstream if tool is not None else None
 
 
 def _deadline(call: ToolCall, received_at: float) -> float:

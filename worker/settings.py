@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     reply_stream_maxlen: int = Field(100_000, ge=1)
     # Comma-separated nameservers (IP or IP:port) for upstream lookups; empty = the system's resolver.
     dns_servers: str = ""
+    # Prometheus /metrics of the worker (worker/metrics.py); 0 = no metrics server.
+    metrics_port: int = Field(9808, ge=0, le=65535)
     # Redelivery of unacknowledged messages; must exceed the longest call.
     visibility_timeout_seconds: int = Field(3600, ge=60)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_ready
+from celery.signals import worker_process_shutdown, worker_ready
 from celery.worker.request import Request
 
+from worker import metrics
 from worker.app import app
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.protocol import redacted_repr
@@ -51,3 +52,9 @@ def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
 def _load_at_start(**_: Any) -> None:
     """Load definitions (and publish routes) when the worker starts, so problems show at boot."""
     process_service()
+
+
+@worker_process_shutdown.connect
+def _forget_process_metrics(pid: int, **_: Any) -> None:
+    """A prefork child that exits leaves no stale in-flight gauge behind."""
+    metrics.process_exited(pid)
