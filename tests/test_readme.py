@@ -88,3 +88,17 @@ def test_documented_settings_exist() -> None:
     documented = set(re.findall(r"`TOOLWORKER_([A-Z_]+)`", README)) - {"UPSTREAM_"}
     fields = {name.upper() for name in Settings.model_fields}
     assert documented - {"UPSTREAM_<NAME>_URL"} <= fields, documented - fields
+
+
+def test_native_yaml_example_loads(tmp_path: Path) -> None:
+    """The README's native-format example is a valid definitions file."""
+    from worker import store
+
+    [block] = [b for b in code_blocks("yaml") if "upstreams:" in b and "ticket_lookup" in b]
+    path = tmp_path / "example.yaml"
+    path.write_text(block)
+    toolset = store.load([path], {"SUPPORT_TOKEN": "t"})
+    assert toolset.problems == []
+    assert set(toolset.tools) == {"ticket_lookup"}
+    upstream = toolset.upstreams["support"]
+    assert upstream.queue == "support" and upstream.rate_limit is not None

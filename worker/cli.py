@@ -174,6 +174,10 @@ def _split(text: str, sep: str, option: str) -> tuple[str, str]:
     return key.strip(), value.strip() if sep == ":" else value
 
 
+def _progress(text: str) -> None:
+    print(f"toolworker: {text}...", file=sys.stderr, flush=True)
+
+
 def _safe_url(url: str) -> str:
     from yarl import URL
 
@@ -216,6 +220,7 @@ def _import_openapi(args: argparse.Namespace) -> int:
     from worker.tools import Problem
 
     problems: list[Problem] = []
+    _progress(f"reading {args.spec} ({args.spec.stat().st_size // 1024} KiB) and building every input schema")
     try:
         document = import_openapi(args.spec, args.upstream, args.base_url, args.tag, problems=problems)
     except SpecError as exc:
@@ -269,6 +274,7 @@ def _publish(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     paths = args.paths or [settings.definitions]
+    _progress(f"checking {len(store.definition_files(paths))} definitions files")
     client = redis.Redis.from_url(settings.redis_url)
     try:
         version, toolset = store.publish(client, paths)
