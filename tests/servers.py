@@ -25,6 +25,20 @@ class UpstreamState:
         return sum(1 for _, path in self.hits if path.startswith(prefix))
 
 
+async def echo(request: web.Request) -> web.Response:
+    """The request as the upstream saw it: method, raw path, query pairs, headers and body."""
+    body = await request.read()
+    return web.json_response(
+        {
+            "method": request.method,
+            "path": request.raw_path.split("?", 1)[0],
+            "query": [[k, v] for k, v in request.query.items()],
+            "headers": dict(request.headers),
+            "body": body.decode("utf-8", "replace"),
+        }
+    )
+
+
 def make_upstream(state: UpstreamState) -> web.Application:
     @web.middleware
     async def record(request: web.Request, handler: Callable[..., object]) -> web.StreamResponse:
@@ -35,18 +49,6 @@ def make_upstream(state: UpstreamState) -> web.Application:
             return await handler(request)  # type: ignore[misc]
         finally:
             state.in_flight -= 1
-
-    async def echo(request: web.Request) -> web.Response:
-        body = await request.read()
-        return web.json_response(
-            {
-                "method": request.method,
-                "path": request.raw_path.split("?", 1)[0],
-                "query": [[k, v] for k, v in request.query.items()],
-                "headers": dict(request.headers),
-                "body": body.decode("utf-8", "replace"),
-            }
-        )
 
     async def status(request: web.Request) -> web.Response:
         code = int(request.match_info["code"])

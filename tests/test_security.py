@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
+from tests.servers import echo
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE
 from worker.embedded import EmbeddedRedis
@@ -183,7 +184,7 @@ class Servers:
     def _hostile_app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])
         app[SERVER_NAME] = "upstream"
-        app.router.add_route("*", r"/echo{tail:[\s\S]*}", _echo)
+        app.router.add_route("*", r"/echo{tail:[\s\S]*}", echo)
         app.router.add_get("/redirect", _redirect)
         app.router.add_get("/loop", _loop)
         app.router.add_get("/bomb", self._bomb_handler)
@@ -195,7 +196,7 @@ class Servers:
     def _canary_app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])
         app[SERVER_NAME] = "canary"
-        app.router.add_route("*", r"/{tail:[\s\S]*}", _echo)
+        app.router.add_route("*", r"/{tail:[\s\S]*}", echo)
         return app
 
     async def _bomb_handler(self, request: web.Request) -> web.StreamResponse:
@@ -238,19 +239,6 @@ class Servers:
         finally:
             writer.close()
             self._raw_tasks.discard(task)
-
-
-async def _echo(request: web.Request) -> web.Response:
-    body = await request.read()
-    return web.json_response(
-        {
-            "method": request.method,
-            "path": request.raw_path.split("?", 1)[0],
-            "query": [[k, v] for k, v in request.query.items()],
-            "headers": dict(request.headers),
-            "body": body.decode("utf-8", "replace"),
-        }
-    )
 
 
 async def _redirect(request: web.Request) -> web.Response:
