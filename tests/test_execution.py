@@ -584,3 +584,20 @@ async def test_retry_after_beyond_the_deadline_is_not_waited_for(run: Any) -> No
     assert envelope.exit_code == 22 and envelope.status_code == 503 and envelope.attempts == 1
     assert envelope.result == "come back later"
     assert time.monotonic() - started < 2
+
+
+async def test_circuit_opens_and_its_state_is_exported(toolset: ToolSet) -> None:
+    """Consecutive transport failures open the upstream's circuit: calls fail fast (69), the gauge reads open."""
+    from prometheus_client import REGISTRY
+
+    transport = FakeTransport(errors.ConnectFailed("no route"))
+    runtime = Runtime(toolset, ENVIRON, transport=transport)  # type: ignore[arg-type]
+    for _ in range(2):  # 3 attempts each: 6 consecutive failures, past the default threshold of 5
+        assert (await execute(parse_call(lookup(), "task-1"), runtime)).exit_code == 7
+    sent = len(transport.requests)
+    transport.outcomes = [response(200)]
+    refused = await execute(parse_call(lookup(), "task-2"), runtime)
+    assert refused.exit_code == 69 and len(transport.requests) == sent
+    assert refused.error is not None and "retrying in" in refused.error["message"]
+    upstream = toolset.tools["ticket_lookup"].upstream
+    assert REGISTRY.get_sample_value("toolworker_circuit_state", {"upstream": upstream}) == 2

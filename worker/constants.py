@@ -21,8 +21,6 @@ DEFAULT_MAX_OUTPUT_CHARS = 16_000
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
-# Extra time the Celery thread waits for the event loop beyond the call's own timeouts.
-BRIDGE_MARGIN_S = 5.0
 
 # The shared definitions store: versioned bundles of definitions files.
 DEFINITIONS_VERSION_KEY = "toolworker:definitions:version"

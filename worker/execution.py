@@ -144,10 +144,15 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     # A defined tool's own upstream is trusted configuration; everything else is egress-checked.
     trusted = None if tool.kind == "generic" else URL(request.url, encoded=True).origin()
     check = _redirect_check(trusted, upstream, runtime.policy)
-    breaker = runtime.breakers.get(upstream.name, upstream.circuit.threshold, upstream.circuit.cooldown_s)
-    if trusted is not None:  # the generic tool reaches many hosts: no one breaker speaks for them
-        breaker.before_call()
-    attempt = Attempt(runtime, request, upstream, deadline, check, trusted, breaker if trusted is not None else None)
+    # The generic tool reaches many hosts: no one breaker speaks for them.
+    circuit = upstream.circuit
+    breaker = None if trusted is None else runtime.breakers.get(upstream.name, circuit.threshold, circuit.cooldown_s)
+    if breaker is not None:
+        try:
+            breaker.before_call()
+        finally:
+            metrics.set_circuit_state(upstream.name, cast(metrics.CircuitState, breaker.state))
+    attempt = Attempt(runtime, request, upstream, deadline, check, trusted, breaker)
     with metrics.in_flight(tool.name, upstream.name):
         response = await _send_with_retries(attempt, envelope, read_limit(tool, upstream))
     shape_result(envelope, response, tool, upstream, request.secrets)
@@ -272,6 +277,7 @@ class Attempt:
             self.breaker.record_failure()
         else:
             self.breaker.record_success()
+        metrics.set_circuit_state(self.upstream.name, cast(metrics.CircuitState, self.breaker.state))
 
 
 def read_limit(tool: Tool, upstream: Upstream) -> int:
