@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -32,6 +33,8 @@ DEFAULT_TIMEOUT_S = 60.0
 T = TypeVar("T")
 _READ_BLOCK_MS = 1000
 _ROUTES_TTL_S = 10.0
+# How long a flush waits for more calls when the previous flush was this recent (a stream of submits).
+_LINGER_S = 0.001
 _READ_COUNT = 1000
 
 CallSpec = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], Mapping[str, str]]
@@ -53,6 +56,7 @@ class AsyncToolClient:
         self._outbox: list[dict[str, Any]] = []
         self._outbox_sent: asyncio.Future[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._last_flush = -1.0
         self._routes: dict[str, str] = {}
         self._routes_at = -_ROUTES_TTL_S
 
@@ -73,11 +77,14 @@ class AsyncToolClient:
         waits = (self._result_or_timeout(cid, spec[0], timeout) for cid, spec in zip(call_ids, calls, strict=True))
         return list(await asyncio.gather(*waits))
 
-    async def submit_many(self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    async def submit_many(
+        self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S, call_ids: Sequence[str] | None = None
+    ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own."""
         self._ensure_reader()
         deadline = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
-        messages = [self._message(spec, timeout, deadline) for spec in calls]
+        ids = call_ids or [str(uuid.uuid4()) for _ in calls]
+        messages = [self._message(spec, timeout, deadline, call_id) for spec, call_id in zip(calls, ids, strict=True)]
         loop = asyncio.get_running_loop()
         for message in messages:
             self._waiting[message["callId"]] = loop.create_future()
@@ -89,7 +96,10 @@ class AsyncToolClient:
         return [m["callId"] for m in messages]
 
     async def _flush(self) -> None:
-        await asyncio.sleep(0)  # one tick: concurrent submitters join this flush
+        # Concurrent submitters join this flush: for one tick, or a little longer when calls come in a stream.
+        busy = time.monotonic() - self._last_flush < _LINGER_S
+        await asyncio.sleep(_LINGER_S if busy else 0)
+        self._last_flush = time.monotonic()
         messages, self._outbox = self._outbox, []
         sent, self._outbox_sent = self._outbox_sent, None
         assert sent is not None
@@ -158,11 +168,11 @@ class AsyncToolClient:
         await self._redis.aclose()
         await self._reader_redis.aclose()
 
-    def _message(self, spec: CallSpec, timeout: float, deadline: str) -> dict[str, Any]:
+    def _message(self, spec: CallSpec, timeout: float, deadline: str, call_id: str) -> dict[str, Any]:
         tool, arguments = spec[0], spec[1]
         headers: Mapping[str, str] = spec[2] if len(spec) > 2 else {}
         message: dict[str, Any] = {
-            "callId": str(uuid.uuid4()),
+            "callId": call_id,
             "tool": tool,
             "arguments": dict(arguments),
             "timeoutSeconds": timeout,
@@ -242,13 +252,15 @@ def task_messages(calls: list[dict[str, Any]], queue: str, max_batch: int) -> li
 
 
 class CallHandle:
-    """A submitted call; `.get(timeout)` waits for its envelope."""
+    """A submitted call; `.get(timeout)` waits for its envelope (and raises if it could not be enqueued)."""
 
-    def __init__(self, client: ToolClient, call_id: str) -> None:
+    def __init__(self, client: ToolClient, call_id: str, sent: Future[list[str]]) -> None:
         self._client = client
+        self._sent = sent
         self.call_id = call_id
 
     def get(self, timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
+        self._sent.result(timeout)
         return self._client._run(self._client._async.result(self.call_id, timeout), timeout)
 
 
@@ -277,8 +289,13 @@ class ToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
     ) -> CallHandle:
-        call_ids = self._run(self._async.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout), 30)
-        return CallHandle(self, call_ids[0])
+        # Returns at once, so that calls submitted in a row leave together in batch messages.
+        call_id = str(uuid.uuid4())
+        spec = (tool, arguments or {}, headers or {})
+        sent = asyncio.run_coroutine_threadsafe(
+            self._async.submit_many([spec], timeout=timeout, call_ids=[call_id]), self._loop.loop
+        )
+        return CallHandle(self, call_id, sent)
 
     def call_many(self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
         return self._run(self._async.acall_many(list(calls), timeout=timeout), timeout)
