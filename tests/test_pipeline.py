@@ -212,3 +212,12 @@ def test_submit_handle(client: ToolClient) -> None:
     """submit() returns a handle whose get() waits for the envelope."""
     handle = client.submit("echo_get", {"item": "later"})
     assert handle.get(timeout=30).call_id == handle.call_id
+
+
+def test_submit_then_close_still_enqueues(worker: WorkerProcess) -> None:
+    """Calls submitted just before the client closes are still enqueued and answered."""
+    with ToolClient(worker.redis_url) as submitter:
+        handles = [submitter.submit("echo_get", {"item": f"last-{i}"}) for i in range(5)]
+    with ToolClient(worker.redis_url) as reader:
+        results = [reader._run(reader._async.result(h.call_id, 30), 30) for h in handles]
+    assert [r.exit_code for r in results] == [0] * 5

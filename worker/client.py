@@ -159,6 +159,8 @@ class AsyncToolClient:
         return json.loads(result.result)
 
     async def aclose(self) -> None:
+        if self._flusher is not None:  # calls submitted just before closing still leave
+            await asyncio.wait({self._flusher}, timeout=5)
         # A blocked XREAD does not honour cancellation promptly: drop its connection instead.
         self._closing = True
         await self._reader_redis.connection_pool.disconnect()
