@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import NxDomainServer, ServerThread, UpstreamState, closed_port, make_upstream
+from tests.servers import DnsServer, ServerThread, UpstreamState, closed_port, make_upstream
 from worker.client import ToolClient
 from worker.embedded import EmbeddedRedis
 from worker.settings import get_settings
@@ -54,8 +54,8 @@ def upstream() -> Iterator[Upstream]:
 
 
 @pytest.fixture(scope="session")
-def dns_server() -> Iterator[NxDomainServer]:
-    server = NxDomainServer().start()
+def dns_server() -> Iterator[DnsServer]:
+    server = DnsServer().start()
     yield server
     server.stop()
 
@@ -104,7 +104,7 @@ def stop_worker(process: subprocess.Popen[bytes]) -> None:
 def worker(
     redis_server: EmbeddedRedis,
     upstream: Upstream,
-    dns_server: NxDomainServer,
+    dns_server: DnsServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[WorkerProcess]:
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import ipaddress
 import json
 import socket
 import struct
@@ -130,25 +131,33 @@ class ServerThread:
         self._thread.join(10)
 
 
-class NxDomainServer:
-    """A DNS server on 127.0.0.1 that answers every query with NXDOMAIN."""
+class DnsServer:
+    """A DNS server on 127.0.0.1 answering A and AAAA from a table, with TTL 0; other names are NXDOMAIN
+    (with no table, every name: the worker resolves only through it, so no query leaves loopback)."""
 
-    def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.settimeout(0.2)
+    def __init__(self, records: dict[str, list[str]] | None = None) -> None:
+        self.records = dict(records or {})
+        self.queries: list[tuple[str, int]] = []
+        self._sock = _bound_udp()
         self.port = self._sock.getsockname()[1]
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self.queries = 0
+        self._thread = threading.Thread(target=self._serve, name="test-dns", daemon=True)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> NxDomainServer:
+    def start(self) -> DnsServer:
         self._thread.start()
         return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(5)
+        self._sock.close()
+
+    def a_queries(self, name: str) -> int:
+        return sum(1 for queried, qtype in self.queries if queried == name and qtype == 1)
 
     def _serve(self) -> None:
         while not self._stopped.is_set():
@@ -156,18 +165,45 @@ class NxDomainServer:
                 data, peer = self._sock.recvfrom(4096)
             except TimeoutError:
                 continue
-            if len(data) < 12:
-                continue
-            ident, flags, questions = struct.unpack(">HHH", data[:6])
-            # QR=1, opcode copied, RD copied, RA=1, RCODE=3 (NXDOMAIN); the question is echoed.
-            header = struct.pack(">HHHHHH", ident, 0x8083 | (flags & 0x7900), questions, 0, 0, 0)
-            self.queries += 1
-            self._sock.sendto(header + data[12:], peer)
+            reply = self._reply(data)
+            if reply is not None:
+                self._sock.sendto(reply, peer)
 
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(5)
-        self._sock.close()
+    def _reply(self, data: bytes) -> bytes | None:
+        parsed = _question(data)
+        if parsed is None:
+            return None
+        name, qtype, end = parsed
+        self.queries.append((name, qtype))
+        addresses = self.records.get(name)
+        version = {1: 4, 28: 6}.get(qtype)
+        packed = [ip.packed for ip in map(ipaddress.ip_address, addresses or []) if ip.version == version]
+        ident, flags = struct.unpack(">HH", data[:4])
+        rcode = 3 if addresses is None else 0
+        # QR and RA set; opcode and RD copied; one question, the answers, nothing else.
+        header = struct.pack(">HHHHHH", ident, 0x8080 | (flags & 0x7900) | rcode, 1, len(packed), 0, 0)
+        answers = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", qtype, 1, 0, len(rdata)) + rdata for rdata in packed)
+        return header + data[12:end] + answers
+
+
+def _bound_udp() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    return sock
+
+
+def _question(data: bytes) -> tuple[str, int, int] | None:
+    """The first question's name, type and end offset; None for a packet that is not a query."""
+    labels, offset = [], 12
+    while offset < len(data) and data[offset]:
+        length = data[offset]
+        labels.append(data[offset + 1 : offset + 1 + length].decode("ascii", "replace"))
+        offset += 1 + length
+    end = offset + 5
+    if len(data) < end or data[2] & 0x80:
+        return None
+    return ".".join(labels).lower(), struct.unpack(">H", data[offset + 1 : offset + 3])[0], end
 
 
 def closed_port() -> int:

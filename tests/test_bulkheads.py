@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
-from tests.servers import NxDomainServer
+from tests.servers import DnsServer
 from worker.client import AsyncToolClient
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, ROUTES_KEY
 from worker.embedded import EmbeddedRedis
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def stack(tmp_path: Path, upstream: Upstream, dns_server: NxDomainServer) -> Iterator[tuple[str, dict[str, str]]]:
+def stack(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) -> Iterator[tuple[str, dict[str, str]]]:
     """A Redis server of its own and a worker that consumes only the default queue."""
     server = EmbeddedRedis(tmp_path / "redis").start()
     env = worker_env(server.url, upstream.url, dns_server.address, FIXTURES / "bulkheads")

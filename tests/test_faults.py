@@ -28,7 +28,7 @@ import redis
 from aiohttp import web
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
-from tests.servers import NxDomainServer, ServerThread
+from tests.servers import DnsServer, ServerThread
 from worker.client import AsyncToolClient, ToolClient, task_messages
 from worker.constants import DEFAULT_QUEUE
 from worker.embedded import EmbeddedRedis
@@ -260,7 +260,7 @@ class Stack:
 
 
 def make_stack(
-    directory: Path, definitions: Path, upstream_url: str, dns: NxDomainServer, raw_url: str, persistent: bool = False
+    directory: Path, definitions: Path, upstream_url: str, dns: DnsServer, raw_url: str, persistent: bool = False
 ) -> Stack:
     server = EmbeddedRedis(directory / "redis", persistent=persistent).start()
     env = worker_env(server.url, upstream_url, dns.address, definitions)
@@ -282,7 +282,7 @@ def pipeline(
     tmp_path_factory: pytest.TempPathFactory,
     fault_upstream: FaultUpstream,
     raw_upstream: RawServer,
-    dns_server: NxDomainServer,
+    dns_server: DnsServer,
 ) -> Iterator[Stack]:
     """One worker on tests/fixtures/faults/pipeline, shared by the tests that do not break it."""
     stack = make_stack(
@@ -301,7 +301,7 @@ def resilience(
     tmp_path_factory: pytest.TempPathFactory,
     fault_upstream: FaultUpstream,
     raw_upstream: RawServer,
-    dns_server: NxDomainServer,
+    dns_server: DnsServer,
 ) -> Iterator[Stack]:
     """One worker on tests/fixtures/faults/resilience (circuit breaking and the rate limit)."""
     stack = make_stack(
@@ -375,7 +375,7 @@ def report(name: str, **figures: Any) -> None:
 
 @pytest.mark.timeout(180)
 def test_worker_killed_with_calls_in_flight(
-    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: NxDomainServer
+    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: DnsServer
 ) -> None:
     """kill -9 with 200 calls in flight: other workers answer every call exactly once; only those 200 POSTs go twice."""
     stack = make_stack(tmp_path, FAULTS / "pipeline", fault_upstream.url, dns_server, raw_upstream.url)
@@ -437,7 +437,7 @@ def test_worker_killed_with_calls_in_flight(
 
 @pytest.mark.timeout(120)
 async def test_redis_restarted_mid_run(
-    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: NxDomainServer
+    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: DnsServer
 ) -> None:
     """The server (AOF) stops and comes back on the same port while 80 calls run and 80 wait: the client and the
     worker reconnect by themselves and every call is answered, once."""
@@ -492,7 +492,7 @@ async def test_redis_restarted_mid_run(
 )
 @pytest.mark.timeout(90)
 async def test_worker_with_free_threads_survives_a_redis_restart(
-    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: NxDomainServer
+    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: DnsServer
 ) -> None:
     """A worker running one call (free threads, so waiting on BRPOP) when the server restarts keeps serving."""
     stack = make_stack(tmp_path, FAULTS / "pipeline", fault_upstream.url, dns_server, raw_upstream.url, True)

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
-from tests.servers import NxDomainServer
+from tests.servers import DnsServer
 from worker import metrics
 from worker.client import ToolClient
 from worker.embedded import EmbeddedRedis, free_port
@@ -241,7 +241,7 @@ def test_multiprocess_mode_adds_up_processes(tmp_path: Path, monkeypatch: pytest
 
 @pytest.fixture(scope="module")
 def metrics_worker(
-    tmp_path_factory: pytest.TempPathFactory, upstream: Upstream, dns_server: NxDomainServer
+    tmp_path_factory: pytest.TempPathFactory, upstream: Upstream, dns_server: DnsServer
 ) -> Iterator[tuple[str, int]]:
     """A worker with TOOLWORKER_METRICS_PORT set, on a Redis of its own (so no other worker takes its calls)."""
     directory = tmp_path_factory.mktemp("metrics-worker")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.servers import NxDomainServer, ServerThread
+from tests.servers import DnsServer, ServerThread
 from worker.demo import make_app
 from worker.embedded import EmbeddedRedis
 
@@ -30,7 +30,7 @@ def code_blocks(language: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def demo_stack(dns_server: NxDomainServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def demo_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A worker on definitions/ with the demo upstream, like `make run`, on a Redis server of its own."""
     directory = tmp_path_factory.mktemp("readme")
     server = EmbeddedRedis(directory / "redis").start()

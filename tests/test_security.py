@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import socket
 import ssl
@@ -35,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
-from tests.servers import echo
+from tests.servers import DnsServer, echo
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE
 from worker.embedded import EmbeddedRedis
@@ -288,80 +287,6 @@ def _canary_sockets(upstream_port: int) -> list[socket.socket]:
     raise RuntimeError("no port free on both 127.0.0.2 and ::1")
 
 
-class FakeDns:
-    """A DNS server on 127.0.0.1 answering A and AAAA from a table, with TTL 0; other names are NXDOMAIN."""
-
-    def __init__(self, records: dict[str, list[str]]) -> None:
-        self.records = dict(records)
-        self.queries: list[tuple[str, int]] = []
-        self._sock = _bound_udp()
-        self.port = self._sock.getsockname()[1]
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="security-dns", daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> FakeDns:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(5)
-        self._sock.close()
-
-    def a_queries(self, name: str) -> int:
-        return sum(1 for queried, qtype in self.queries if queried == name and qtype == 1)
-
-    def _serve(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                data, peer = self._sock.recvfrom(4096)
-            except TimeoutError:
-                continue
-            reply = self._reply(data)
-            if reply is not None:
-                self._sock.sendto(reply, peer)
-
-    def _reply(self, data: bytes) -> bytes | None:
-        parsed = _question(data)
-        if parsed is None:
-            return None
-        name, qtype, end = parsed
-        self.queries.append((name, qtype))
-        addresses = self.records.get(name)
-        version = {1: 4, 28: 6}.get(qtype)
-        packed = [ip.packed for ip in map(ipaddress.ip_address, addresses or []) if ip.version == version]
-        ident, flags = struct.unpack(">HH", data[:4])
-        rcode = 3 if addresses is None else 0
-        # QR and RA set; opcode and RD copied; one question, the answers, nothing else.
-        header = struct.pack(">HHHHHH", ident, 0x8080 | (flags & 0x7900) | rcode, 1, len(packed), 0, 0)
-        answers = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", qtype, 1, 0, len(rdata)) + rdata for rdata in packed)
-        return header + data[12:end] + answers
-
-
-def _bound_udp() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    return sock
-
-
-def _question(data: bytes) -> tuple[str, int, int] | None:
-    """The first question's name, type and end offset; None for a packet that is not a query."""
-    labels, offset = [], 12
-    while offset < len(data) and data[offset]:
-        length = data[offset]
-        labels.append(data[offset + 1 : offset + 1 + length].decode("ascii", "replace"))
-        offset += 1 + length
-    end = offset + 5
-    if len(data) < end or data[2] & 0x80:
-        return None
-    return ".".join(labels).lower(), struct.unpack(">H", data[offset + 1 : offset + 3])[0], end
-
-
 # --- the worker under attack --------------------------------------------------------------------
 
 
@@ -375,7 +300,7 @@ class Rig:
         process: subprocess.Popen[bytes],
         log_path: Path,
         servers: Servers,
-        dns: FakeDns,
+        dns: DnsServer,
     ) -> None:
         self.client = client
         self.redis_url = redis_url
@@ -458,7 +383,7 @@ def flush(redis_url: str) -> None:
         r.close()
 
 
-def launch_worker(redis_url: str, servers: Servers, dns: FakeDns, log_path: Path) -> subprocess.Popen[bytes]:
+def launch_worker(redis_url: str, servers: Servers, dns: DnsServer, log_path: Path) -> subprocess.Popen[bytes]:
     """A real worker on this module's definitions, allow-list and DNS server."""
     upstream_url = f"http://127.0.0.1:{servers.upstream_port}"
     env = worker_env(redis_url, upstream_url, dns.address, SECURITY_FIXTURES)
@@ -479,15 +404,15 @@ def servers() -> Iterator[Servers]:
 
 
 @pytest.fixture(scope="module")
-def dns() -> Iterator[FakeDns]:
-    server = FakeDns(DNS_RECORDS).start()
+def dns() -> Iterator[DnsServer]:
+    server = DnsServer(DNS_RECORDS).start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def rig(
-    redis_server: EmbeddedRedis, servers: Servers, dns: FakeDns, tmp_path_factory: pytest.TempPathFactory
+    redis_server: EmbeddedRedis, servers: Servers, dns: DnsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Rig]:
     redis_url = database_url(redis_server.url, 11)
     log_path = tmp_path_factory.mktemp("security-worker") / "worker.log"
@@ -693,7 +618,7 @@ def test_generic_tool_credentials_in_url_and_header_are_invalid_arguments(rig: R
 
 
 def test_tls_verification_of_the_egress_pool_does_not_depend_on_the_first_caller(
-    redis_server: EmbeddedRedis, servers: Servers, dns: FakeDns, tmp_path: Path
+    redis_server: EmbeddedRedis, servers: Servers, dns: DnsServer, tmp_path: Path
 ) -> None:
     """After a verify_tls-off upstream redirects off-site, the generic tool still refuses an untrusted certificate."""
     redis_url = database_url(redis_server.url, 13)  # a fresh worker: its egress pool is not made yet
@@ -911,7 +836,7 @@ def raw_call_message(call_id: str, call_json: str) -> str:
 
 
 def test_deeply_nested_arguments_get_an_envelope(
-    redis_server: EmbeddedRedis, servers: Servers, dns: FakeDns, tmp_path: Path
+    redis_server: EmbeddedRedis, servers: Servers, dns: DnsServer, tmp_path: Path
 ) -> None:
     """Arguments nested 10,000 levels deep get exit 65, the worker lives on, and call headers stay out of its log."""
     # A worker and a database of its own: if the message kills workers, it kills only this one.

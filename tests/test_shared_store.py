@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from tests.conftest import Upstream, start_worker, stop_worker, worker_env
-from tests.servers import NxDomainServer
+from tests.servers import DnsServer
 from worker import store
 from worker.client import ToolClient
 from worker.constants import DEFINITIONS_CURRENT_KEY
@@ -29,7 +29,7 @@ tools:
 
 
 @pytest.fixture
-def published_worker(tmp_path: Path, upstream: Upstream, dns_server: NxDomainServer) -> Iterator[tuple[str, Path]]:
+def published_worker(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) -> Iterator[tuple[str, Path]]:
     """A worker of its own reading the shared store of a Redis server of its own."""
     server = EmbeddedRedis(tmp_path / "redis").start()
     defs = tmp_path / "defs"
