@@ -285,9 +285,10 @@ def test_worker_serves_metrics_after_real_calls(metrics_worker: tuple[str, int])
     local = {"upstream": "local"}
     ok = ("toolworker_calls_total", frozenset({**local, "tool": "echo_get", "exit_code": "0"}.items()))
     assert _wait_for_sample(port, ok, 3) == 3
+    truncated = ("toolworker_truncated_results_total", frozenset({**local, "tool": "huge"}.items()))
+    assert _wait_for_sample(port, truncated, 1) == 1
     samples = _scrape(port)
     assert samples[("toolworker_calls_total", frozenset({**local, "tool": "status", "exit_code": "22"}.items()))] == 1
-    assert samples[("toolworker_truncated_results_total", frozenset({**local, "tool": "huge"}.items()))] == 1
     assert samples[("toolworker_call_duration_seconds_count", frozenset({**local, "tool": "echo_get"}.items()))] == 3
     unresolved = {"tool": metrics.UNRESOLVED_TOOL, "upstream": metrics.NO_UPSTREAM, "exit_code": "64"}
     assert samples[("toolworker_calls_total", frozenset(unresolved.items()))] == 1
