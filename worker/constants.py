@@ -15,6 +15,8 @@ ROUTES_KEY = "toolworker:routes"
 RATE_LIMIT_KEY_PREFIX = "toolworker:ratelimit:"
 
 REDACTED = "[redacted]"
+# A header name or log key matching this (case-insensitive) holds a secret.
+SECRET_NAME_PATTERN = r"token|secret|key|auth|password|cookie|session|credential"
 MAX_ARGUMENTS_BYTES = 1024 * 1024
 MAX_REDIRECTS = 5
 DEFAULT_MAX_OUTPUT_CHARS = 16_000

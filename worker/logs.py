@@ -11,11 +11,11 @@ from typing import Any
 
 import structlog
 
-from worker.constants import REDACTED
+from worker.constants import REDACTED, SECRET_NAME_PATTERN
 
-_SECRET_KEY = re.compile(r"token|secret|key|auth|password|cookie|credential", re.IGNORECASE)
+_SECRET_KEY = re.compile(SECRET_NAME_PATTERN, re.IGNORECASE)
 # Event keys whose names match the pattern but hold no secret.
-_SAFE_KEYS = frozenset({"event", "callId"})
+_SAFE_KEYS = frozenset({"event", "callId", "sessionId"})
 # The secret values of the call being logged (from ${env:...}, secret headers, call headers).
 _call_secrets: ContextVar[tuple[str, ...]] = ContextVar("toolworker_call_secrets", default=())
 

@@ -17,12 +17,12 @@ from urllib.parse import quote, quote_plus, urlencode
 
 from yarl import URL
 
-from worker.constants import REDACTED
+from worker.constants import REDACTED, SECRET_NAME_PATTERN
 from worker.errors import InvalidArguments, MalformedURL, ToolMisconfigured
 from worker.templates import Arg, Env, MissingEnv, Template, resolve_env
 from worker.tools import QUERY_METHODS, Body, Tool, Upstream
 
-_SECRET_NAME = re.compile(r"token|secret|key|auth|password|cookie|session|credential", re.IGNORECASE)
+_SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.IGNORECASE)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 _FORBIDDEN_VALUE = re.compile(r"[\r\n\x00]")
 # Never settable by a call: they would change where or how the request is framed.
