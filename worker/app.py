@@ -6,13 +6,17 @@ import hashlib
 import json
 import re
 import time
+import warnings
 from typing import Any
 
 import redis
 import structlog
 from celery import Celery
+from celery.exceptions import CPendingDeprecationWarning
+from celery.signals import celeryd_after_setup
 from celery.worker.consumer import Consumer
 
+from worker import broker
 from worker.constants import DEAD_LETTER_KEY, DEAD_LETTER_MAX, DEFAULT_QUEUE
 from worker.protocol import redacted_repr
 from worker.settings import get_settings
@@ -97,8 +101,18 @@ def dead_letter(reason: str, exc: Exception | None, body: Any) -> None:
         log.error("message.dead_letter_failed", error=str(error))
 
 
+def _quiet_cancel_warning(**_: Any) -> None:
+    """Celery warns at every reconnect that 6.0 will cancel running calls on connection loss; toolworker
+    chooses not to (see create_app). Set after Celery's logging setup, which turns its warnings to 'always'."""
+    warnings.filterwarnings("ignore", r"\s*In Celery 5\.1 we introduced", CPendingDeprecationWarning)
+
+
+celeryd_after_setup.connect(_quiet_cancel_warning, weak=False)
+
+
 def create_app() -> Celery:
     settings = get_settings()
+    broker.use()
     # A lost worker's unacknowledged calls come back once older than the visibility timeout; sweep for
     # them on every check (about every 10 s) rather than every tenth.
     transport_options = {"visibility_timeout": settings.visibility_timeout_seconds, "unacked_restore_throttle": 1}
@@ -115,7 +129,9 @@ def create_app() -> Celery:
         worker_prefetch_multiplier=1,
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # A call running when the broker connection drops finishes and publishes its result (the done key
+        # makes the redelivered copy a no-op); cancelling it would only waste the upstream's work.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         # Results are published by the task itself, exactly once per callId (worker/results.py).

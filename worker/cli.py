@@ -100,7 +100,9 @@ def _worker(args: argparse.Namespace) -> int:
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
     argv = ["worker", "-P", args.pool, "-c", str(args.concurrency or settings.concurrency), "--loglevel", args.loglevel]
-    argv += ["-E", "-Q", args.queues or "toolcalls"]
+    # Workers need neither gossip nor mingle (no elections, no shared revokes): both only add broker
+    # traffic, a second of start-up, and reconnect paths of their own.
+    argv += ["-E", "-Q", args.queues or "toolcalls", "--without-gossip", "--without-mingle"]
     if args.hostname:
         argv += ["-n", args.hostname]
     from worker.metrics import start_metrics_server
