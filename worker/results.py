@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from typing import Any
 
@@ -10,6 +11,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
@@ -28,6 +30,7 @@ if KEYS[3] then
 end
 return 1
 """
+_PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()  # loaded into the server on its first NOSCRIPT
 
 
 def connect(url: str, max_connections: int = 32) -> aioredis.Redis:
@@ -50,7 +53,6 @@ class Publisher:
         self.client = client
         self._ttl_s = ttl_s
         self._stream_maxlen = stream_maxlen
-        self._script = client.register_script(_PUBLISH)
         # Results finished in the same loop tick share one round trip.
         self._pending: list[tuple[ToolResult, str | None, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -84,18 +86,26 @@ class Publisher:
 
     async def publish(self, results: list[tuple[ToolResult, str | None]]) -> list[bool]:
         """Publish (envelope, replyTo) pairs in one round trip; False where already published."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for result, reply_to in results:
-                envelope = result.to_dict()
-                keys = [DONE_KEY_PREFIX + result.call_id, RESULT_KEY_PREFIX + result.call_id]
-                if reply_to:
-                    keys.append(reply_to)
-                args: list[Any] = [
-                    result_meta(result.call_id, envelope),
-                    self._ttl_s,
-                    json.dumps(envelope, ensure_ascii=False),
-                    self._stream_maxlen,
-                ]
-                await self._script(keys=keys, args=args, client=pipe)
-            outcomes = await pipe.execute()
+        calls = [self._script_call(result, reply_to) for result, reply_to in results]
+        try:
+            outcomes = await self._evalsha(calls)
+        except NoScriptError:  # a new or flushed server: nothing ran, so running it all again is safe
+            await self.client.script_load(_PUBLISH)
+            outcomes = await self._evalsha(calls)
         return [bool(o) for o in outcomes]
+
+    def _script_call(self, result: ToolResult, reply_to: str | None) -> list[Any]:
+        envelope = result.to_dict()
+        keys = [DONE_KEY_PREFIX + result.call_id, RESULT_KEY_PREFIX + result.call_id]
+        if reply_to:
+            keys.append(reply_to)
+        meta = result_meta(result.call_id, envelope)
+        return [len(keys), *keys, meta, self._ttl_s, json.dumps(envelope, ensure_ascii=False), self._stream_maxlen]
+
+    async def _evalsha(self, calls: list[list[Any]]) -> list[Any]:
+        # EVALSHA on a plain pipeline: redis-py's Script objects would send SCRIPT EXISTS every time.
+        async with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.evalsha(_PUBLISH_SHA, *call)
+            outcomes: list[Any] = await pipe.execute()
+        return outcomes
