@@ -696,3 +696,26 @@ def test_429_storm_avoided_by_the_rate_limit(resilience: Stack, fault_upstream: 
     assert [r.exit_code for r in results] == [0] * 40, Counter(r.exit_code for r in results)
     assert fault_upstream.state.limited_statuses[429] == 0
     assert elapsed_s >= (40 - 2) / 10 - 0.5  # paced, not lucky
+
+
+def test_a_message_delivered_again_after_its_result_is_not_executed_again(
+    pipeline: Stack, fault_upstream: FaultUpstream
+) -> None:
+    """The same message a second time (as a redelivery brings it): one POST, one envelope."""
+    stream, key = f"faults:again:{uuid.uuid4().hex}", uuid.uuid4().hex
+    call = make_call("work_post", {"id": key, "delay": 0}, stream)
+
+    def skipped() -> bool:
+        return any(
+            call["callId"] in line for line in pipeline.log_tail(100_000).splitlines() if "already_answered" in line
+        )
+
+    with pipeline.client() as r:
+        enqueue(r, [call], batch=1)
+        wait_for_envelopes(r, stream, 1, 30)
+        enqueue(r, [call], batch=1)
+        wait_until(skipped, 30, "the worker to skip the repeated call")
+        time.sleep(0.5)  # a second envelope would be published by now
+        envelopes = stream_envelopes(r, stream)
+    assert [e["callId"] for e in envelopes] == [call["callId"]]
+    assert fault_upstream.state.posts[key] == 1
