@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("-P", "--pool", choices=["threads", "prefork", "solo"], default="threads")
     worker.add_argument("-Q", "--queues", help="comma-separated queues to consume (default: toolcalls)")
     worker.add_argument("-n", "--hostname", help="worker node name")
+    worker.add_argument("--processes", type=int, help="worker processes, one core each (TOOLWORKER_PROCESSES)")
     worker.add_argument("--loglevel", default="INFO")
     worker.set_defaults(handler=_worker)
 
@@ -94,12 +95,21 @@ class _RedisUnreachable(Exception):
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from worker.app import app
     from worker.logs import configure
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
-    argv = ["worker", "-P", args.pool, "-c", str(args.concurrency or settings.concurrency), "--loglevel", args.loglevel]
+    concurrency = args.concurrency or settings.concurrency
+    processes = args.processes or settings.processes
+    if processes > 1:
+        from worker.supervisor import supervise
+
+        child = ["-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel, "--processes", "1"]
+        child += ["-Q", args.queues] if args.queues else []
+        return supervise(child, processes, args.hostname, settings.metrics_port)
+    from worker.app import app
+
+    argv = ["worker", "-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel]
     # Workers need neither gossip nor mingle (no elections, no shared revokes): both only add broker
     # traffic, a second of start-up, and reconnect paths of their own.
     argv += ["-E", "-Q", args.queues or "toolcalls", "--without-gossip", "--without-mingle"]

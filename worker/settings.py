@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     result_ttl_seconds: int = Field(86_400, ge=1)
     # Threads of one worker process; each runs one message (a call or a batch) at a time.
     concurrency: int = Field(64, ge=1)
+    # Worker processes started by one `toolworker worker` (each uses one core); one per core is the norm.
+    processes: int = Field(1, ge=1)
     # Longest a reply stream (replyTo) grows to; older entries are trimmed.
     reply_stream_maxlen: int = Field(100_000, ge=1)
     # Comma-separated nameservers (IP or IP:port) for upstream lookups; empty = the system's resolver.

@@ -1,0 +1,105 @@
+"""`toolworker worker --processes N`: N worker processes under one command, one per core.
+
+A worker process runs all its calls on one event loop, so it uses one core. Each child here is an
+ordinary `toolworker worker` with a node name of its own. The supervisor forwards SIGTERM/SIGINT (a warm
+shutdown: calls in flight finish), starts a child again when it dies, and serves the metrics of every
+child on one port (prometheus-client's multiprocess mode). A child that exits with an error within its
+first seconds (bad settings, unreadable definitions) stops the whole worker with its exit code instead
+of looping; one killed by a signal is always started again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+
+import structlog
+
+from worker.metrics import MULTIPROC_DIR_ENV, process_exited, start_metrics_server
+
+log = structlog.get_logger("toolworker.supervisor")
+_EARLY_EXIT_S = 10.0
+_POLL_S = 0.2
+
+
+@dataclass
+class Child:
+    index: int
+    process: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+
+
+def child_hostname(hostname: str | None, index: int) -> str:
+    """`name@host` becomes `name-<index>@host`; Celery expands %h and friends in the child."""
+    name, _, host = (hostname or "toolworker@%h").partition("@")
+    return f"{name}-{index}@{host or '%h'}"
+
+
+def supervise(child_argv: list[str], processes: int, hostname: str | None, metrics_port: int) -> int:
+    """Run `processes` children of `python -m worker worker <child_argv> -n <name>` until told to stop."""
+    own_directory = MULTIPROC_DIR_ENV not in os.environ
+    if own_directory:
+        os.environ[MULTIPROC_DIR_ENV] = tempfile.mkdtemp(prefix="toolworker-metrics-")
+    try:
+        return _run(child_argv, processes, hostname, metrics_port)
+    finally:
+        if own_directory:
+            shutil.rmtree(os.environ.pop(MULTIPROC_DIR_ENV), ignore_errors=True)
+
+
+def _run(child_argv: list[str], processes: int, hostname: str | None, metrics_port: int) -> int:
+    start_metrics_server(metrics_port)
+    supervisor = Supervisor(child_argv, hostname)
+    supervisor.children = {i: supervisor.start(i) for i in range(processes)}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, supervisor.forward)
+    while supervisor.children:
+        time.sleep(_POLL_S)
+        supervisor.reap()
+    return supervisor.code
+
+
+class Supervisor:
+    def __init__(self, child_argv: list[str], hostname: str | None) -> None:
+        self.child_argv = child_argv
+        self.hostname = hostname
+        self.env = os.environ | {"TOOLWORKER_METRICS_PORT": "0"}  # the supervisor serves them all
+        self.children: dict[int, Child] = {}
+        self.stopping: int | None = None  # the signal forwarded to stop
+        self.code = 0
+
+    def start(self, index: int) -> Child:
+        argv = [sys.executable, "-m", "worker", "worker", *self.child_argv, "-n", child_hostname(self.hostname, index)]
+        return Child(index, subprocess.Popen(argv, env=self.env))
+
+    def forward(self, signum: int, _frame: FrameType | None = None) -> None:
+        self.stopping = signum
+        for child in self.children.values():
+            if child.process.poll() is None:
+                child.process.send_signal(signum)
+
+    def reap(self) -> None:
+        """Forget children that exited; start again those that died on their own."""
+        for index, child in list(self.children.items()):
+            status = child.process.poll()
+            if status is None:
+                continue
+            process_exited(child.process.pid)
+            del self.children[index]
+            if self.stopping is not None:
+                # A child still starting has no handler yet and dies of the signal itself: a clean stop too.
+                self.code = self.code or (0 if status == -self.stopping else abs(status))
+            elif status > 0 and time.monotonic() - child.started < _EARLY_EXIT_S:
+                log.error("worker.child_failed_at_start", child=index, exitCode=status)
+                self.code = abs(status)
+                self.forward(signal.SIGTERM)
+            else:
+                log.warning("worker.child_restarted", child=index, exitCode=status)
+                self.children[index] = self.start(index)
