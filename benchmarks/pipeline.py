@@ -113,20 +113,26 @@ def definitions(directory: Path, max_concurrency: int) -> Path:
 
 
 @contextmanager
-def toolworker(redis_url: str, upstream_url: str, threads: int, max_concurrency: int) -> Iterator[int]:
-    """`toolworker worker -P threads -c N` serving the benchmark tool; yields its pid once it answers."""
+def toolworker(
+    redis_url: str, upstream_url: str, threads: int, max_concurrency: int, processes: int = 1, task_events: bool = True
+) -> Iterator[int]:
+    """`toolworker worker -c N --processes P` serving the benchmark tool; yields its pid once every process
+    answers (the pid of the supervisor when P > 1: its tree is metered)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
         env |= {
             "TOOLWORKER_REDIS_URL": redis_url,
             "TOOLWORKER_DEFINITIONS": str(definitions(Path(tmp) / "definitions", max_concurrency)),
             "TOOLWORKER_LOG_LEVEL": "WARNING",
+            "TOOLWORKER_TASK_EVENTS": str(task_events).lower(),
             "BENCH_UPSTREAM_URL": upstream_url,
         }
         argv = [sys.executable, "-m", "worker", "worker", "-P", "threads", "-c", str(threads), "--loglevel", "WARNING"]
+        argv += ["--processes", str(processes)]
         log = Path(tmp) / "worker.log"
         with process_group(argv, env, log) as pid:
             _warm_up_toolworker(redis_url, log)
+            _wait_for_nodes(redis_url, processes, log)
             yield pid
 
 
@@ -135,6 +141,17 @@ def _warm_up_toolworker(redis_url: str, log: Path) -> None:
         result = client.call(TOOL, {"i": 0}, timeout=START_TIMEOUT_S)
     if result.exit_code:
         raise RuntimeError(f"the worker did not answer: {result.error}\n{_tail(log)}")
+
+
+def _wait_for_nodes(redis_url: str, processes: int, log: Path) -> None:
+    """Every worker process is consuming (answers a ping through the broker)."""
+    from celery import Celery
+
+    control = Celery(broker=redis_url).control
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while len(control.ping(timeout=0.5)) < processes:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{processes} worker processes did not all start\n{_tail(log)}")
 
 
 @contextmanager

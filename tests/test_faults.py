@@ -519,6 +519,34 @@ async def test_worker_with_free_threads_survives_a_redis_restart(
     assert unacked == 0
 
 
+@pytest.mark.timeout(90)
+async def test_warm_shutdown_finishes_the_calls_in_flight(
+    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: DnsServer
+) -> None:
+    """SIGTERM with calls running: they are answered and acknowledged, then the worker exits 0."""
+    stack = make_stack(tmp_path, FAULTS / "pipeline", fault_upstream.url, dns_server, raw_upstream.url)
+    try:
+        process = stack.start_worker()
+        await asyncio.to_thread(warm_up, stack, "fast_get", {"id": "warm-up"})
+        client = AsyncToolClient(stack.server.url)
+        try:
+            running = await client.submit_many(
+                [("outage_get", {"id": f"shutdown-{i}", "delay": 2}) for i in range(3)], timeout=60
+            )
+            await _wait_until_async(lambda: fault_upstream.state.in_flight["outage"] >= 3, 30, "the calls in flight")
+            process.terminate()
+            results = await asyncio.gather(*(client.result(call_id, 30) for call_id in running))
+            code = await asyncio.to_thread(process.wait, 30)
+            unacked = await asyncio.to_thread(lambda: stack.client().hlen("unacked"))
+        finally:
+            await client.aclose()
+    finally:
+        await asyncio.to_thread(stack.close)
+    assert [r.exit_code for r in results] == [0, 0, 0]
+    assert code == 0, stack.log_tail()
+    assert unacked == 0
+
+
 async def _wait_until_async(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -698,10 +726,18 @@ def test_429_storm_avoided_by_the_rate_limit(resilience: Stack, fault_upstream: 
     assert elapsed_s >= (40 - 2) / 10 - 0.5  # paced, not lucky
 
 
+def redelivery(message: str) -> str:
+    """A message as kombu's Redis transport puts it back on its queue after a lost worker or connection."""
+    payload = json.loads(message)
+    payload["headers"]["redelivered"] = True
+    payload["properties"]["delivery_info"]["redelivered"] = True
+    return json.dumps(payload)
+
+
 def test_a_message_delivered_again_after_its_result_is_not_executed_again(
     pipeline: Stack, fault_upstream: FaultUpstream
 ) -> None:
-    """The same message a second time (as a redelivery brings it): one POST, one envelope."""
+    """The same message a second time, marked as kombu marks a redelivery: one POST, one envelope."""
     stream, key = f"faults:again:{uuid.uuid4().hex}", uuid.uuid4().hex
     call = make_call("work_post", {"id": key, "delay": 0}, stream)
 
@@ -713,7 +749,7 @@ def test_a_message_delivered_again_after_its_result_is_not_executed_again(
     with pipeline.client() as r:
         enqueue(r, [call], batch=1)
         wait_for_envelopes(r, stream, 1, 30)
-        enqueue(r, [call], batch=1)
+        r.lpush(DEFAULT_QUEUE, redelivery(task_messages([call], DEFAULT_QUEUE, 1)[0]))
         wait_until(skipped, 30, "the worker to skip the repeated call")
         time.sleep(0.5)  # a second envelope would be published by now
         envelopes = stream_envelopes(r, stream)

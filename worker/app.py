@@ -16,7 +16,7 @@ from celery.exceptions import CPendingDeprecationWarning
 from celery.signals import celeryd_after_setup
 from celery.worker.consumer import Consumer
 
-from worker import broker
+from worker import broker, pool
 from worker.constants import DEAD_LETTER_KEY, DEAD_LETTER_MAX, DEFAULT_QUEUE
 from worker.protocol import redacted_repr
 from worker.settings import get_settings
@@ -113,6 +113,7 @@ celeryd_after_setup.connect(_quiet_cancel_warning, weak=False)
 def create_app() -> Celery:
     settings = get_settings()
     broker.use()
+    pool.use()
     # A lost worker's unacknowledged calls come back once older than the visibility timeout; sweep for
     # them on every check (about every 10 s) rather than every tenth.
     transport_options = {"visibility_timeout": settings.visibility_timeout_seconds, "unacked_restore_throttle": 1}
@@ -137,8 +138,8 @@ def create_app() -> Celery:
         # Results are published by the task itself, exactly once per callId (worker/results.py).
         task_ignore_result=True,
         result_expires=settings.result_ttl_seconds,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         worker_soft_shutdown_timeout=10.0,
         worker_hijack_root_logger=False,
         worker_consumer="worker.app:DeadLetteringConsumer",

@@ -8,12 +8,18 @@ connection pool from ``transport.client`` — now ``None`` — and the worker st
 
 Here a failed BRPOP read ends the poll and the close goes on, and a channel remembers the connection
 parameters it was opened with, so a call finishing after the outage is acknowledged on the new server.
+
+kombu also builds a new redis-py client for every acknowledgement, unacked-index update and task event
+(`conn_or_acquire`); building one costs more than the command it sends. A channel here keeps one client
+per connection pool (redis-py clients are safe to share between threads).
 ``use()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs, so the broker URL, the
 worker's banner and Flower's broker page stay what operators configured.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from queue import Empty
 from typing import Any
 
@@ -23,6 +29,16 @@ from kombu.transport import redis as kombu_redis
 
 class Channel(kombu_redis.Channel):
     _opened_with: dict[bool, dict[str, Any]]
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        if client:
+            yield client
+            return
+        shared = self.__dict__.get("_shared_client")
+        if shared is None or shared.connection_pool is not self.pool:
+            shared = self.__dict__["_shared_client"] = self._create_client()
+        yield shared
 
     def close(self) -> None:
         if self._in_poll:

@@ -112,7 +112,7 @@ def _worker(args: argparse.Namespace) -> int:
     argv = ["worker", "-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel]
     # Workers need neither gossip nor mingle (no elections, no shared revokes): both only add broker
     # traffic, a second of start-up, and reconnect paths of their own.
-    argv += ["-E", "-Q", args.queues or "toolcalls", "--without-gossip", "--without-mingle"]
+    argv += ["-Q", args.queues or "toolcalls", "--without-gossip", "--without-mingle"]
     if args.hostname:
         argv += ["-n", args.hostname]
     from worker.metrics import start_metrics_server

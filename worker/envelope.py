@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from worker.errors import ToolError
@@ -39,8 +39,12 @@ class ToolResult:
         return self.exit_code == 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The camelCase envelope, as published."""
-        return {_CAMEL.get(k, k): v for k, v in asdict(self).items()}
+        """The camelCase envelope, as published (its dicts copied; every value is plain JSON)."""
+        return {
+            _CAMEL.get(name, name): dict(value) if isinstance(value, dict) else value
+            for name in _FIELDS
+            for value in (getattr(self, name),)
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolResult:
@@ -57,3 +61,6 @@ class ToolResult:
             exit_code=error.exit_code,
             **details,
         )
+
+
+_FIELDS = tuple(f.name for f in fields(ToolResult))

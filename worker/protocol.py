@@ -65,18 +65,13 @@ def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXE
     )
 
 
-def result_meta(call_id: str, envelope: dict[str, Any]) -> str:
-    """The result as Celery's Redis backend stores it, so `AsyncResult(callId).get()` works too."""
-    return json.dumps(
-        {
-            "status": "SUCCESS",
-            "result": envelope,
-            "traceback": None,
-            "children": [],
-            "date_done": datetime.now(UTC).isoformat(),
-            "task_id": call_id,
-        },
-        ensure_ascii=False,
+def result_meta(call_id: str, envelope_json: str) -> str:
+    """The result as Celery's Redis backend stores it, so `AsyncResult(callId).get()` works too; the
+    envelope goes in already serialized (it is published as it is, too)."""
+    date_done = json.dumps(datetime.now(UTC).isoformat())
+    return (
+        f'{{"status": "SUCCESS", "result": {envelope_json}, "traceback": null, "children": [], '
+        f'"date_done": {date_done}, "task_id": {json.dumps(call_id, ensure_ascii=False)}}}'
     )
 
 

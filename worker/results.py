@@ -95,12 +95,11 @@ class Publisher:
         return [bool(o) for o in outcomes]
 
     def _script_call(self, result: ToolResult, reply_to: str | None) -> list[Any]:
-        envelope = result.to_dict()
+        envelope = json.dumps(result.to_dict(), ensure_ascii=False)
         keys = [DONE_KEY_PREFIX + result.call_id, RESULT_KEY_PREFIX + result.call_id]
         if reply_to:
             keys.append(reply_to)
-        meta = result_meta(result.call_id, envelope)
-        return [len(keys), *keys, meta, self._ttl_s, json.dumps(envelope, ensure_ascii=False), self._stream_maxlen]
+        return [len(keys), *keys, result_meta(result.call_id, envelope), self._ttl_s, envelope, self._stream_maxlen]
 
     async def _evalsha(self, calls: list[list[Any]]) -> list[Any]:
         # EVALSHA on a plain pipeline: redis-py's Script objects would send SCRIPT EXISTS every time.

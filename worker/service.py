@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Coroutine, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -15,7 +16,7 @@ from redis.exceptions import RedisError
 
 from worker import errors, store
 from worker.builtins import with_builtins
-from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY
+from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY, TASK_EXECUTE
 from worker.egress import EgressPolicy
 from worker.envelope import ToolResult
 from worker.execution import Runtime, ToolCall, execute, parse_call
@@ -35,11 +36,17 @@ class Service:
         self.definitions_version = 0
         self.watcher: Future[None] | None = None
 
-    async def serve(self, messages: list[Any], task_id: str, batch: bool) -> list[dict[str, Any]]:
-        """Answer every message with exactly one published envelope; return short summaries."""
+    async def serve(
+        self, messages: list[Any], task_id: str, batch: bool, redelivered: bool = True
+    ) -> list[dict[str, Any]]:
+        """Answer every message with exactly one published envelope; return short summaries.
+
+        A message the broker delivers again (its first worker was lost, or the connection was) may hold
+        calls already answered: those are skipped. A first delivery needs no such check, and publication
+        stays once per callId either way."""
         received_at = time.time()
         parsed = [_parse(message, task_id, i if batch else None) for i, message in enumerate(messages)]
-        done = await self.publisher.already_done([p.call_id for p in parsed])
+        done = await self.publisher.already_done([p.call_id for p in parsed]) if redelivered else set()
         if done:
             log.info("call.already_answered", callIds=sorted(done))
         pending = [p for p in parsed if p.call_id not in done]
@@ -147,8 +154,19 @@ def process_service() -> Service:
         return _service[1]
 
 
-def run_messages(messages: list[Any], task_id: str, batch: bool) -> list[dict[str, Any]]:
+def serve_task(
+    task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None
+) -> Coroutine[Any, Any, list[dict[str, Any]]]:
+    """The work of one task message: `execute` carries a call, `execute_batch` a list of them. kombu
+    marks every message it delivers again (restored after a lost worker or connection) `redelivered`."""
+    redelivered = bool((delivery_info or {}).get("redelivered", True))
+    if task == TASK_EXECUTE:
+        return process_service().serve([payload], task_id, batch=False, redelivered=redelivered)
+    calls = payload if isinstance(payload, list) else [payload]
+    return process_service().serve(calls, task_id, batch=True, redelivered=redelivered)
+
+
+def run_task(task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Bridge from a Celery pool thread to the process loop."""
-    service = process_service()
-    timeout_s = get_settings().visibility_timeout_seconds
-    return process_loop().run(service.serve(messages, task_id, batch), timeout_s)
+    work = serve_task(task, task_id, payload, delivery_info)
+    return process_loop().run(work, get_settings().visibility_timeout_seconds)

@@ -12,7 +12,7 @@ from worker import metrics
 from worker.app import app
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.protocol import redacted_repr
-from worker.service import process_service, run_messages
+from worker.service import process_service, run_task
 
 
 class RedactedRequest(Request):  # type: ignore[misc]
@@ -38,14 +38,13 @@ class CallTask(Task):  # type: ignore[misc]
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE)
 def execute(self: CallTask, message: Any = None) -> dict[str, Any] | None:
-    summaries = run_messages([message], self.request.id, batch=False)
+    summaries = run_task(TASK_EXECUTE, self.request.id, message, self.request.delivery_info)
     return summaries[0] if summaries else None
 
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE_BATCH)
 def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
-    items = messages if isinstance(messages, list) else [messages]
-    return run_messages(items, self.request.id, batch=True)
+    return run_task(TASK_EXECUTE_BATCH, self.request.id, messages, self.request.delivery_info)
 
 
 @worker_ready.connect

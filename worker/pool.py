@@ -1,0 +1,110 @@
+"""The worker pool: tool-call messages run on the process's event loop, without a thread each.
+
+Celery's thread pool gives every message a thread, which then sits blocked while the event loop does the
+work: three threads hand each call along (consumer, pool thread, loop), and at light load those
+hand-offs cost more than the call. Here the consumer starts a call message's coroutine on the loop
+directly; when the call is answered, a pool thread runs Celery's completion (acknowledgement, task
+event), off the loop and after the result is out. Any other task, or a body that does not decode, takes
+Celery's thread path unchanged. A warm shutdown waits for the calls in flight and their acknowledgements.
+
+`use()` makes this the pool behind `-P threads` (`toolworker worker` and `celery -A worker.app worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
+from typing import Any
+
+from billiard.einfo import ExceptionInfo
+from celery import concurrency
+from celery.concurrency import thread
+from celery.utils.saferepr import saferepr
+from kombu.serialization import loads, prepare_accept_content
+
+from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.loop import process_loop
+
+_CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
+_RESULT_REPR_CHARS = 1024  # the summary shown in task events (Flower), as Celery's default
+
+
+class TaskPool(thread.TaskPool):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending = 0  # call messages started and not yet acknowledged
+        self._idle = threading.Condition()
+
+    def on_apply(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        callback: Callable[..., Any] | None = None,
+        accept_callback: Callable[..., Any] | None = None,
+        **options: Any,
+    ) -> thread.ApplyResult:
+        # Celery's request passes (task name, task id, request, body, content type, content encoding).
+        payload = _call_payload(args) if args and callback else None
+        if payload is None:
+            return super().on_apply(target, args, kwargs, callback, accept_callback, **options)
+        assert args is not None and callback is not None
+        from worker.service import serve_task
+
+        if accept_callback:
+            accept_callback(os.getpid(), time.monotonic())
+        with self._idle:
+            self._pending += 1
+        work = serve_task(args[0], args[1], payload[0], (args[2] or {}).get("delivery_info"))
+        future = asyncio.run_coroutine_threadsafe(work, process_loop().loop)
+        future.add_done_callback(partial(self._answered, callback, time.monotonic()))
+        return thread.ApplyResult(future)
+
+    def _answered(self, callback: Callable[..., Any], started: float, future: Future[Any]) -> None:
+        """On the loop, once every call of the message is answered: complete it on a pool thread."""
+        runtime = time.monotonic() - started
+        try:
+            outcome = (0, saferepr(future.result(), _RESULT_REPR_CHARS), runtime)
+        except BaseException:  # Celery's failure path records and acknowledges it
+            outcome = (1, ExceptionInfo(), runtime)
+        self.executor.submit(self._complete, callback, outcome)
+
+    def _complete(self, callback: Callable[..., Any], outcome: tuple[Any, ...]) -> None:
+        try:
+            callback(outcome)
+        finally:
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def on_stop(self) -> None:
+        with self._idle:  # a warm shutdown: the calls in flight finish and are acknowledged
+            self._idle.wait_for(lambda: self._pending == 0)
+        super().on_stop()
+
+
+def _call_payload(args: tuple[Any, ...]) -> tuple[Any] | None:
+    """The call (or list of calls) of a tool-call task message; None for anything else."""
+    if len(args) < 6 or args[0] not in _CALL_TASKS:
+        return None
+    body, content_type, content_encoding = args[3:6]
+    try:
+        call_args = loads(body, content_type, content_encoding, accept=_accept()) if content_type else body
+        return (call_args[0][0] if call_args[0] else None,)
+    except Exception:  # Celery's own path reports what is wrong with it
+        return None
+
+
+def _accept() -> set[str]:
+    from worker.app import app
+
+    return set(prepare_accept_content(app.conf.accept_content))
+
+
+def use() -> None:
+    concurrency.ALIASES["threads"] = f"{__name__}:TaskPool"
