@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
     result_ttl_seconds: int = Field(86_400, ge=1)
-    # Threads of one worker process; each runs one message (a call or a batch) at a time.
+    # Messages (a call or a batch) in progress at once in one worker process (Celery's -c).
     concurrency: int = Field(64, ge=1)
     # Worker processes started by one `toolworker worker` (each uses one core); one per core is the norm.
     processes: int = Field(1, ge=1)
