@@ -132,7 +132,8 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     tool, upstream = runtime.resolve(call.tool)
     structlog.contextvars.bind_contextvars(upstream=upstream.name)
     arguments = validate_arguments(call.arguments, runtime.validator(tool))
-    encoded_size(call.headers)
+    if call.headers:
+        encoded_size(call.headers)  # refuses text that is not valid Unicode
     if tool.kind == "builtin":
         envelope.result = run_catalog(tool.name, arguments, runtime.toolset)
         return

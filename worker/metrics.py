@@ -87,8 +87,14 @@ def in_flight(tool: str, upstream: str) -> Iterator[None]:
         gauge.dec()
 
 
+_circuit_levels: dict[str, int] = {}  # what this process last set, so that a call costs no update
+
+
 def set_circuit_state(upstream: str, state: CircuitState) -> None:
-    CIRCUIT.labels(upstream).set(CIRCUIT_LEVELS[state])
+    level = CIRCUIT_LEVELS[state]
+    if _circuit_levels.get(upstream) != level:
+        _circuit_levels[upstream] = level
+        CIRCUIT.labels(upstream).set(level)
 
 
 @dataclass
