@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import redis
 
-from tests.conftest import SECRET_TOKEN, Upstream, WorkerProcess
+from tests.conftest import FIXTURES, SECRET_TOKEN, Upstream, WorkerProcess, start_worker, stop_worker, worker_env
+from tests.servers import DnsServer
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.embedded import EmbeddedRedis
 from worker.protocol import envelope_from_meta, task_message
 
 pytestmark = pytest.mark.integration
@@ -221,3 +224,24 @@ def test_submit_then_close_still_enqueues(worker: WorkerProcess) -> None:
     with ToolClient(worker.redis_url) as reader:
         results = [reader._run(reader._async.result(h.call_id, 30), 30) for h in handles]
     assert [r.exit_code for r in results] == [0] * 5
+
+
+@pytest.mark.timeout(90)
+def test_secrets_stay_out_of_debug_logs(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) -> None:
+    """At debug level too (Celery's and kombu's own loggers included), call-header values stay out of the log."""
+    redis = EmbeddedRedis(tmp_path / "redis").start()
+    env = worker_env(redis.url, upstream.url, dns_server.address, FIXTURES / "integration")
+    env["TOOLWORKER_LOG_LEVEL"] = "DEBUG"
+    log = tmp_path / "worker.log"
+    process = start_worker(env, log, "--loglevel", "DEBUG")
+    user_token = f"user-token-{uuid.uuid4().hex}"
+    try:
+        with ToolClient(redis.url) as debug_client:
+            result = debug_client.call("echo_get", {"item": "x"}, headers={"X-User-Token": user_token}, timeout=60)
+    finally:
+        stop_worker(process)
+        redis.stop()
+    assert result.exit_code == 0
+    log_text = log.read_text(errors="replace")
+    assert result.call_id in log_text
+    assert SECRET_TOKEN not in log_text and user_token not in log_text

@@ -40,6 +40,12 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
         self._pending = 0  # call messages started and not yet acknowledged
         self._idle = threading.Condition()
 
+    def apply_async(self, target: Callable[..., Any], args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        # Not Celery's: at debug level it logs the raw task body, call header values included.
+        options.setdefault("waitforslot", self.putlocks)
+        options.setdefault("callbacks_propagate", self.callbacks_propagate)
+        return self.on_apply(target, tuple(args or ()), kwargs or {}, **options)
+
     def on_apply(
         self,
         target: Callable[..., Any],
