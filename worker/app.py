@@ -24,11 +24,30 @@ from worker.settings import get_settings
 log = structlog.get_logger("toolworker.app")
 _REPLY_TO = re.compile(r'"replyTo"\s*:\s*"([^"\\]{1,512})"')
 _REPLY_TO_SCAN_CHARS = 1 << 20
+_EVENTS_FLUSH_DELAY_S = 0.02
 
 
 class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
     """Messages that are not calls at all (undecodable, unknown task) are kept in a dead-letter list
-    with the reason, and the worker goes on consuming."""
+    with the reason, and the worker goes on consuming.
+
+    Task events leave in one flush a few milliseconds after the first is buffered, not at once: a
+    call's received, started and succeeded events then go out together, after the call rather than
+    while it runs (Celery flushes on the next loop turn, twice per message)."""
+
+    _events_flush_scheduled = False
+
+    def on_send_event_buffered(self) -> None:
+        if self.hub and not self._events_flush_scheduled:
+            self._events_flush_scheduled = True
+            self.hub.call_soon(self._schedule_events_flush)  # thread-safe; the timer is not
+
+    def _schedule_events_flush(self) -> None:
+        self.hub.call_later(_EVENTS_FLUSH_DELAY_S, self._flush_events_later)
+
+    def _flush_events_later(self) -> None:
+        self._events_flush_scheduled = False  # first: an event buffered from now on schedules a flush
+        self._flush_events()
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         dead_letter("undecodable message", exc, message.body)
