@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     # Comma-separated nameservers (IP or IP:port) for upstream lookups; empty = the system's resolver.
     dns_servers: str = ""
     # Celery task events (received, started, succeeded) for Flower's task views; worker events stay on.
-    # Off saves the worker about a millisecond of CPU per message.
+    # They are flushed in batches, so turning them off saves little (0.1-0.2 ms of CPU per message).
     task_events: bool = True
     # Prometheus /metrics of the worker (worker/metrics.py); 0 = no metrics server.
     metrics_port: int = Field(9808, ge=0, le=65535)
