@@ -10,8 +10,9 @@ Here a failed BRPOP read ends the poll and the close goes on, and a channel reme
 parameters it was opened with, so a call finishing after the outage is acknowledged on the new server.
 
 kombu also builds a new redis-py client for every acknowledgement, unacked-index update and task event
-(`conn_or_acquire`); building one costs more than the command it sends. A channel here keeps one client
+(``conn_or_acquire``); building one costs more than the command it sends. A channel here keeps one client
 per connection pool (redis-py clients are safe to share between threads).
+
 ``use()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs, so the broker URL, the
 worker's banner and Flower's broker page stay what operators configured.
 """

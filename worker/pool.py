@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from billiard.einfo import ExceptionInfo
@@ -62,12 +62,12 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
         assert args is not None and callback is not None
         from worker.service import serve_task
 
+        work = serve_task(args[0], args[1], payload[0], (args[2] or {}).get("delivery_info"))
+        future = asyncio.run_coroutine_threadsafe(work, process_loop().loop)
         if accept_callback:
             accept_callback(os.getpid(), time.monotonic())
         with self._idle:
             self._pending += 1
-        work = serve_task(args[0], args[1], payload[0], (args[2] or {}).get("delivery_info"))
-        future = asyncio.run_coroutine_threadsafe(work, process_loop().loop)
         future.add_done_callback(partial(self._answered, callback, time.monotonic()))
         return thread.ApplyResult(future)
 
@@ -100,16 +100,20 @@ def _call_payload(args: tuple[Any, ...]) -> tuple[Any] | None:
         return None
     body, content_type, content_encoding = args[3:6]
     try:
-        call_args = loads(body, content_type, content_encoding, accept=_accept()) if content_type else body
-        return (call_args[0][0] if call_args[0] else None,)
+        positional, keywords = (
+            loads(body, content_type, content_encoding, accept=_accept()) if content_type else body
+        )[:2]
     except Exception:  # Celery's own path reports what is wrong with it
         return None
+    # One positional argument, as toolworker's clients send it; any other shape takes Celery's path.
+    return (positional[0],) if isinstance(positional, list | tuple) and len(positional) == 1 and not keywords else None
 
 
-def _accept() -> set[str]:
+@cache
+def _accept() -> frozenset[str]:
     from worker.app import app
 
-    return set(prepare_accept_content(app.conf.accept_content))
+    return frozenset(prepare_accept_content(app.conf.accept_content))
 
 
 def use() -> None:
