@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -156,17 +156,24 @@ def process_service() -> Service:
 
 def serve_task(
     task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None
-) -> Coroutine[Any, Any, list[dict[str, Any]]]:
-    """The work of one task message: `execute` carries a call, `execute_batch` a list of them. kombu
-    marks every message it delivers again (restored after a lost worker or connection) `redelivered`."""
+) -> Coroutine[Any, Any, Any]:
+    """The work of one task message, ending with the task's result: `execute` carries a call (its
+    summary), `execute_batch` a list of them (theirs). kombu marks every message it delivers again
+    (restored after a lost worker or connection) `redelivered`."""
+    service = process_service()  # built at worker start; never on the loop
     redelivered = bool((delivery_info or {}).get("redelivered", True))
     if task == TASK_EXECUTE:
-        return process_service().serve([payload], task_id, batch=False, redelivered=redelivered)
+        return _first(service.serve([payload], task_id, batch=False, redelivered=redelivered))
     calls = payload if isinstance(payload, list) else [payload]
-    return process_service().serve(calls, task_id, batch=True, redelivered=redelivered)
+    return service.serve(calls, task_id, batch=True, redelivered=redelivered)
 
 
-def run_task(task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+async def _first(summaries: Awaitable[list[dict[str, Any]]]) -> dict[str, Any] | None:
+    done = await summaries
+    return done[0] if done else None
+
+
+def run_task(task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None) -> Any:
     """Bridge from a Celery pool thread to the process loop."""
     work = serve_task(task, task_id, payload, delivery_info)
     return process_loop().run(work, get_settings().visibility_timeout_seconds)

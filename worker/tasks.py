@@ -38,13 +38,16 @@ class CallTask(Task):  # type: ignore[misc]
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE)
 def execute(self: CallTask, message: Any = None) -> dict[str, Any] | None:
-    summaries = run_task(TASK_EXECUTE, self.request.id, message, self.request.delivery_info)
-    return summaries[0] if summaries else None
+    summary: dict[str, Any] | None = run_task(TASK_EXECUTE, self.request.id, message, self.request.delivery_info)
+    return summary
 
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE_BATCH)
 def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
-    return run_task(TASK_EXECUTE_BATCH, self.request.id, messages, self.request.delivery_info)
+    summaries: list[dict[str, Any]] = run_task(
+        TASK_EXECUTE_BATCH, self.request.id, messages, self.request.delivery_info
+    )
+    return summaries
 
 
 @worker_ready.connect
