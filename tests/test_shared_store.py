@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import fakeredis
 import pytest
 import redis
 
@@ -76,7 +77,9 @@ def test_broken_set_is_refused_and_changes_nothing(published_worker: tuple[str, 
     (defs / "broken.yaml").write_text("tools:\n  - name: broken\n    upstream: nowhere\n")
     version, toolset = store.publish(r, [defs])
     assert version == 0
-    assert any("unknown upstream 'nowhere'" in str(p) and "broken.yaml:2" in str(p) for p in toolset.problems)
+    assert any(
+        "unknown upstream 'nowhere'" in str(p) and f"{defs / 'broken.yaml'}:2" in str(p) for p in toolset.problems
+    )
     assert r.get(DEFINITIONS_CURRENT_KEY) == b"1"
     with ToolClient(url) as client:
         assert wait_for_tool(client, "first_tool") == 0
@@ -87,3 +90,17 @@ def test_bundle_cannot_write_outside_its_folder(tmp_path: Path) -> None:
     """A bundle naming a path outside its folder is refused when written out."""
     with pytest.raises(ValueError, match="escapes"):
         store.materialize({"../evil.yaml": "x"}, tmp_path / "bundle")
+
+
+def test_problems_of_a_bundle_name_the_files_on_disk(tmp_path: Path) -> None:
+    """The bundle is what is checked; its problems point at the files they came from, root by root."""
+    first, second = tmp_path / "a", tmp_path / "b" / "nested"
+    second.mkdir(parents=True)
+    first.mkdir()
+    (first / "ok.yaml").write_text("upstreams:\n  up: {base_url: 'http://127.0.0.1:9'}\n")
+    (second / "bad.yaml").write_text("tools:\n  - name: broken\n    upstream: nowhere\n")
+    client = fakeredis.FakeRedis()
+    version, toolset = store.publish(client, [first, tmp_path / "b"])
+    assert version == 0
+    assert [p.source.file for p in toolset.problems] == [str(second / "bad.yaml")]
+    assert client.get(DEFINITIONS_CURRENT_KEY) is None

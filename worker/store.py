@@ -7,6 +7,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -122,18 +123,36 @@ def bundle(paths: list[Path]) -> dict[str, str]:
 
 
 def publish(client: redis.Redis, paths: list[Path], environ: Mapping[str, str] | None = None) -> tuple[int, ToolSet]:
-    """Check the definitions, then make them the current version; a set with problems changes nothing."""
-    toolset = load(paths, environ)
+    """Check the definitions, then make them the current version; a set with problems changes nothing.
+
+    The files are read once: what is checked is the bundle the workers will load, so a file edited
+    meanwhile cannot slip in unchecked. Problems name the files as they are on disk."""
+    files = bundle(paths)
+    with tempfile.TemporaryDirectory(prefix="toolworker-definitions-") as tmp:
+        toolset = load([materialize(files, Path(tmp))], environ)
+        toolset.problems = [_on_disk(problem, Path(tmp), paths) for problem in toolset.problems]
     if toolset.problems:
         return 0, toolset
     version = int(client.incr(DEFINITIONS_VERSION_KEY))
-    payload = json.dumps({"version": version, "files": bundle(paths), "publishedAt": time.time()})
+    payload = json.dumps({"version": version, "files": files, "publishedAt": time.time()})
     with client.pipeline(transaction=True) as pipe:
         pipe.set(DEFINITIONS_BUNDLE_PREFIX + str(version), payload)
         pipe.set(DEFINITIONS_CURRENT_KEY, version)
         pipe.execute()
     write_routes(client, toolset)
     return version, toolset
+
+
+def _on_disk(problem: Problem, bundle_dir: Path, paths: list[Path]) -> Problem:
+    """A problem found in a materialized bundle, pointing at the file it came from (see `bundle`)."""
+    try:
+        parts = Path(problem.source.file).relative_to(bundle_dir).parts
+    except ValueError:
+        return problem
+    root = paths[int(parts[0])] if len(paths) > 1 else paths[0]
+    base = root if root.is_dir() else root.parent
+    relative = parts[1:] if len(paths) > 1 else parts
+    return replace(problem, source=replace(problem.source, file=str(base.joinpath(*relative))))
 
 
 def materialize(files: Mapping[str, str], directory: Path) -> Path:
