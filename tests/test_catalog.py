@@ -177,6 +177,25 @@ def test_a_search_index_is_reusable(toolset: ToolSet) -> None:
     assert index.search("inventory", 1)[0][0].name == "get_store_inventory"
 
 
+def test_searches_of_one_toolset_share_an_index(toolset: ToolSet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is built once per set of tools (not on every call), and again when the tools change."""
+    built: list[int] = []
+
+    class Counting(catalog.SearchIndex):
+        def __init__(self, tools: Any) -> None:
+            built.append(1)
+            super().__init__(tools)
+
+    monkeypatch.setattr(catalog, "SearchIndex", Counting)
+    monkeypatch.setattr(catalog, "_last_index", None)
+    assert catalog.search(toolset, "login", 1)[0]["name"] == "loginUser"
+    assert catalog.search(toolset, "inventory", 1)[0]["name"] == "get_store_inventory"
+    assert len(built) == 1
+    fewer = ToolSet(dict(toolset.upstreams), {k: v for k, v in toolset.tools.items() if k != "loginUser"})
+    assert all(hit["name"] != "loginUser" for hit in catalog.search(fewer, "login user", 5))
+    assert len(built) == 2
+
+
 # --- exports -------------------------------------------------------------------------------------
 
 

@@ -166,8 +166,21 @@ class SearchIndex:
 
 def search(toolset: ToolSet, question: str, top_k: int = 5) -> list[dict[str, JSON]]:
     """The `top_k` tools that best match a question, as light summaries with a `score`."""
-    index = SearchIndex(toolset.tools.values())
-    return [{**summary(tool), "score": round(score, 4)} for tool, score in index.search(question, top_k)]
+    return [{**summary(tool), "score": round(score, 4)} for tool, score in _index(toolset).search(question, top_k)]
+
+
+# The index of the toolset searched last (a worker serves one at a time; building one for 1,000 tools
+# takes about 0.1 s of its event loop). Keyed by the tools themselves, which the index keeps alive.
+_last_index: tuple[tuple[int, ...], SearchIndex] | None = None
+
+
+def _index(toolset: ToolSet) -> SearchIndex:
+    global _last_index
+    key = tuple(map(id, toolset.tools.values()))
+    cached = _last_index
+    if cached is None or cached[0] != key:
+        cached = _last_index = (key, SearchIndex(toolset.tools.values()))
+    return cached[1]
 
 
 # --- exports -------------------------------------------------------------------------------------
