@@ -285,15 +285,8 @@ def pipeline(
     dns_server: DnsServer,
 ) -> Iterator[Stack]:
     """One worker on tests/fixtures/faults/pipeline, shared by the tests that do not break it."""
-    stack = make_stack(
-        tmp_path_factory.mktemp("pipeline"), FAULTS / "pipeline", fault_upstream.url, dns_server, raw_upstream.url
-    )
-    try:
-        stack.start_worker()
-        warm_up(stack, "fast_get", {"id": "warm-up"})
-        yield stack
-    finally:
-        stack.close()
+    directory = tmp_path_factory.mktemp("pipeline")
+    yield from serving(make_stack(directory, FAULTS / "pipeline", fault_upstream.url, dns_server, raw_upstream.url))
 
 
 @pytest.fixture(scope="module")
@@ -304,12 +297,16 @@ def resilience(
     dns_server: DnsServer,
 ) -> Iterator[Stack]:
     """One worker on tests/fixtures/faults/resilience (circuit breaking and the rate limit)."""
-    stack = make_stack(
-        tmp_path_factory.mktemp("resilience"), FAULTS / "resilience", fault_upstream.url, dns_server, raw_upstream.url
-    )
+    directory = tmp_path_factory.mktemp("resilience")
+    stack = make_stack(directory, FAULTS / "resilience", fault_upstream.url, dns_server, raw_upstream.url)
+    yield from serving(stack, "flaky", {})
+
+
+def serving(stack: Stack, tool: str = "fast_get", arguments: dict[str, Any] | None = None) -> Iterator[Stack]:
+    """A module's shared stack: one worker, answering before the first test, stopped after the last."""
     try:
         stack.start_worker()
-        warm_up(stack, "flaky", {})
+        warm_up(stack, tool, {"id": "warm-up"} if arguments is None else arguments)
         yield stack
     finally:
         stack.close()
