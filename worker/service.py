@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 import time
@@ -27,6 +28,9 @@ from worker.tools import ToolSet
 from worker.transport import Transport
 
 log = structlog.get_logger("toolworker.service")
+# Collector thresholds once the start-up heap is frozen: young collections stay small (a few ms), and a
+# full one waits for 100 middle ones instead of 10.
+GC_THRESHOLDS = (2000, 10, 100)
 
 
 class Service:
@@ -152,6 +156,19 @@ def process_service() -> Service:
         if _service is None or _service[0] != os.getpid():
             _service = (os.getpid(), build_service(get_settings()))
         return _service[1]
+
+
+def settle_heap() -> None:
+    """Keep the garbage collector off what lives for the whole process, once the worker has started.
+
+    Celery, pydantic and the definitions are hundreds of thousands of objects that never become garbage,
+    and calls in flight are many more that live for a while. With Python's defaults a burst of calls
+    set off full collections over all of them: 50-300 ms each, with the event loop stopped (2.7 s of
+    pauses in three bursts of 5,000 calls at a 100 ms upstream). Frozen, the start-up heap is no longer
+    scanned, and the thresholds keep full collections rare."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def serve_task(

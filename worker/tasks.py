@@ -12,7 +12,7 @@ from worker import metrics
 from worker.app import app
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.protocol import redacted_repr
-from worker.service import process_service, run_task
+from worker.service import process_service, run_task, settle_heap
 
 
 class RedactedRequest(Request):  # type: ignore[misc]
@@ -54,6 +54,7 @@ def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
 def _load_at_start(**_: Any) -> None:
     """Load definitions (and publish routes) when the worker starts, so problems show at boot."""
     process_service()
+    settle_heap()
 
 
 @worker_process_shutdown.connect
