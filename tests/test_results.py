@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import fakeredis
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
+from worker.constants import DONE_KEY_PREFIX, REDACTED, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
-from worker.protocol import envelope_from_meta
+from worker.protocol import envelope_from_meta, redacted_repr
 from worker.results import Publisher
 
 STREAM = "toolworker:replies:test"
@@ -64,3 +67,29 @@ async def test_results_of_one_tick_share_a_flush(publisher: Publisher, monkeypat
     assert outcomes == [True] * 5
     assert batches == [5]
     assert await stream_call_ids(publisher) == [f"c{i}" for i in range(5)]
+
+
+def _full_repr(message: Any) -> str:
+    """redacted_repr's text before the cap, encoding everything."""
+    if isinstance(message, list):
+        return "[" + ", ".join(_full_repr(item) for item in message) + "]"
+    if isinstance(message, dict) and isinstance(message.get("headers"), dict):
+        message = {**message, "headers": dict.fromkeys(message["headers"], REDACTED)}
+    return json.dumps(message, ensure_ascii=False, default=str)
+
+
+_calls = st.lists(
+    st.fixed_dictionaries(
+        {"callId": st.text(max_size=80), "arguments": st.dictionaries(st.text(max_size=5), st.text(max_size=300))},
+        optional={"headers": st.dictionaries(st.text(max_size=8), st.text(max_size=20))},
+    ),
+    max_size=40,
+)
+
+
+@given(st.one_of(_calls.map(lambda calls: [calls]), st.lists(st.lists(st.text(max_size=40), max_size=60), max_size=6)))
+def test_argsrepr_is_the_capped_repr_without_encoding_what_is_cut(args: list[Any]) -> None:
+    """Task events show a batch's first calls; the repr stops encoding once past the cap."""
+    full = _full_repr(args)
+    expected = full if len(full) <= 1024 else full[:1021] + "..."
+    assert redacted_repr(args) == expected

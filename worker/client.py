@@ -68,14 +68,13 @@ class AsyncToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
     ) -> ToolResult:
-        call_id = (await self.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout))[0]
-        return await self._result_or_timeout(call_id, tool, timeout)
+        call_ids = await self.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout)
+        return (await self._collect(call_ids, [tool], timeout))[0]
 
     async def acall_many(self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
         """Run many calls as one message; results come back in order."""
         call_ids = await self.submit_many(calls, timeout=timeout)
-        waits = (self._result_or_timeout(cid, spec[0], timeout) for cid, spec in zip(call_ids, calls, strict=True))
-        return list(await asyncio.gather(*waits))
+        return await self._collect(call_ids, [spec[0] for spec in calls], timeout)
 
     async def submit_many(
         self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S, call_ids: Sequence[str] | None = None
@@ -185,17 +184,21 @@ class AsyncToolClient:
             message["headers"] = dict(headers)
         return message
 
-    async def _result_or_timeout(self, call_id: str, tool: str, timeout: float) -> ToolResult:
-        try:
-            return await self.result(call_id, timeout)
-        except TimeoutError:
+    async def _collect(self, call_ids: list[str], tools: list[str], timeout: float) -> list[ToolResult]:
+        """The envelopes of calls submitted here, in order, waited for together (one timer, no task
+        each). A call still unanswered after `timeout` is read from the result store, else ends with 28."""
+        futures = [self._waiting[call_id] for call_id in call_ids]
+        pending = [future for future in futures if not future.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        results = []
+        for call_id, tool, future in zip(call_ids, tools, futures, strict=True):
+            envelope = future.result() if future.done() else await self._stored(call_id)
             self._waiting.pop(call_id, None)
-            return ToolResult(
-                call_id=call_id,
-                tool=tool,
-                exit_code=28,
-                error={"type": "timeout", "message": f"The tool did not answer within {timeout:g} seconds."},
+            results.append(
+                ToolResult.from_dict(envelope) if envelope is not None else _unanswered(call_id, tool, timeout)
             )
+        return results
 
     def _ensure_reader(self) -> None:
         if self._reader is None or self._reader.done():
@@ -239,6 +242,15 @@ class AsyncToolClient:
                 raise TimeoutError(f"no result for call {call_id} within {timeout:g} s")
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
+
+
+def _unanswered(call_id: str, tool: str, timeout: float) -> ToolResult:
+    return ToolResult(
+        call_id=call_id,
+        tool=tool,
+        exit_code=28,
+        error={"type": "timeout", "message": f"The tool did not answer within {timeout:g} seconds."},
+    )
 
 
 def task_messages(calls: list[dict[str, Any]], queue: str, max_batch: int) -> list[str]:

@@ -48,9 +48,7 @@ class ToolResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolResult:
-        known = {f.name for f in fields(cls)}
-        values = {_SNAKE.get(k, k): v for k, v in data.items()}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        return cls(**{name: v for k, v in data.items() if (name := _SNAKE.get(k, k)) in _FIELD_SET})
 
     @classmethod
     def failure(cls, call_id: str, tool: str, error: ToolError, **details: Any) -> ToolResult:
@@ -64,3 +62,4 @@ class ToolResult:
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))
+_FIELD_SET = frozenset(_FIELDS)

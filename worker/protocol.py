@@ -19,15 +19,29 @@ _ORIGIN = f"toolworker@{socket.gethostname()}"
 
 def redacted_repr(message: Any) -> str:
     """What Flower and task events show of a call: header values hidden, length capped."""
+    text = _repr(message, _ARGSREPR_MAX + 1)
+    return text if len(text) <= _ARGSREPR_MAX else text[: _ARGSREPR_MAX - 3] + "..."
+
+
+def _repr(message: Any, room: int) -> str:
+    """The repr, or any text of at least `room` characters that begins with it (a batch's calls past
+    the cap are never encoded)."""
     if isinstance(message, list):
-        return "[" + ", ".join(redacted_repr(item) for item in message) + "]"
+        parts: list[str] = []
+        length = 1  # of the text so far
+        for item in message:
+            if length >= room:
+                break
+            separator = 2 if parts else 0
+            parts.append(_repr(item, room - length - separator))
+            length += separator + len(parts[-1])
+        return "[" + ", ".join(parts) + ("]" if len(parts) == len(message) else "")
     if isinstance(message, dict) and isinstance(message.get("headers"), dict):
         message = {**message, "headers": dict.fromkeys(message["headers"], REDACTED)}
     try:
-        text = json.dumps(message, ensure_ascii=False, default=str)
+        return json.dumps(message, ensure_ascii=False, default=str)
     except (ValueError, RecursionError):
-        text = "<unrepresentable>"
-    return text if len(text) <= _ARGSREPR_MAX else text[: _ARGSREPR_MAX - 3] + "..."
+        return "<unrepresentable>"
 
 
 def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXECUTE) -> str:
