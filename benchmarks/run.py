@@ -9,6 +9,7 @@ fixed latency and body size, then measures side by side at the same upstream:
 - toolworker single calls: `ToolClient.submit` for every call (one message each), then `.get()`;
 - toolworker single calls through `AsyncToolClient.acall` (one tick's calls leave as batch messages);
 - toolworker batched calls: `acall_many` in chunks;
+- the same with one worker process per core, sharing the upstream's 256 connections between them;
 - the baseline: a Celery task calling `requests` on the default prefork pool (benchmarks/baseline.py).
 
 Latencies are per call, from its submission to its result, minus the upstream's configured latency:
@@ -174,17 +175,19 @@ def run_cell(
         limit = cell.row(RAW, None, partial(pipeline.raw_burst, url, calls))
         if with_light:
             light.append(cell.row("raw aiohttp", None, partial(pipeline.raw_sequential, url, sizes.light_calls)))
-        with pipeline.toolworker(redis_url, url, sizes.threads, max_concurrency=256) as pid:
+        # The upstream's max_concurrency is the raw limit's concurrency, shared by the processes of a worker.
+        with pipeline.toolworker(redis_url, url, sizes.threads, max_concurrency=pipeline.RAW_CONCURRENCY) as pid:
             if with_light:
                 run = partial(pipeline.single_sequential, redis_url, sizes.light_calls)
                 light.append(cell.row("toolworker ToolClient.call", pid, run))
             rows += [cell.row(case, pid, run) for case, run in toolworker_cases(redis_url, calls, sizes.batch).items()]
         if CORES > 1:
-            with pipeline.toolworker(redis_url, url, sizes.threads, max_concurrency=256, processes=CORES) as pid:
+            per_process = pipeline.RAW_CONCURRENCY // CORES
+            with pipeline.toolworker(redis_url, url, sizes.threads, per_process, processes=CORES) as pid:
                 rows.append(cell.row(COALESCED_N, pid, partial(pipeline.async_burst, redis_url, calls, 1)))
                 rows.append(cell.row(BATCHED_N, pid, partial(pipeline.async_burst, redis_url, calls, sizes.batch)))
         if with_light:  # what Flower's task views cost a call
-            with pipeline.toolworker(redis_url, url, sizes.threads, max_concurrency=256, task_events=False) as pid:
+            with pipeline.toolworker(redis_url, url, sizes.threads, pipeline.RAW_CONCURRENCY, task_events=False) as pid:
                 run = partial(pipeline.single_sequential, redis_url, sizes.light_calls)
                 light.append(cell.row("toolworker ToolClient.call, task events off", pid, run))
         with pipeline.baseline_worker(redis_url, url, CORES) as pid:
@@ -239,7 +242,7 @@ def run_big_bodies(redis_url: str, sizes: Sizes) -> dict[str, Any]:
     flush(redis_url)
     with (
         pipeline.upstream(BIG_BODY_LATENCY_MS, sizes.big_body_bytes) as upstream,
-        pipeline.toolworker(redis_url, upstream.url, sizes.threads, max_concurrency=256) as pid,
+        pipeline.toolworker(redis_url, upstream.url, sizes.threads, max_concurrency=pipeline.RAW_CONCURRENCY) as pid,
     ):
         return memory_case(upstream, pid, partial(pipeline.async_burst, redis_url, sizes.big_body_calls, 1)) | {
             "latency_ms": BIG_BODY_LATENCY_MS,
