@@ -45,14 +45,16 @@ def request(method: str, url: str, headers: dict[str, str] | None = None, body: 
     )
 
 
-def make_app(hits: list[str]) -> web.Application:
-    """An upstream with redirect, echo, sized, compressed and cookie endpoints; records each path hit."""
+def make_app(hits: list[str], peers: list[int]) -> web.Application:
+    """An upstream with redirect, echo, sized, compressed and cookie endpoints; records each path hit and
+    the client port it came from."""
 
     @web.middleware
     async def record(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         hits.append(request.path)
+        peers.append(request.transport.get_extra_info("peername")[1] if request.transport else 0)
         return await handler(request)
 
     async def redirects(req: web.Request) -> web.Response:
@@ -71,6 +73,17 @@ def make_app(hits: list[str]) -> web.Application:
 
     async def sized(req: web.Request) -> web.Response:
         return web.Response(body=b"x" * int(req.match_info["n"]), content_type="text/plain")
+
+    async def streamed(req: web.Request) -> web.StreamResponse:
+        """n bytes without a Content-Length (chunked)."""
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(req)
+        left = int(req.match_info["n"])
+        while left > 0:
+            await response.write(b"x" * min(left, 65536))
+            left -= 65536
+        await response.write_eof()
+        return response
 
     async def compressed(req: web.Request) -> web.Response:
         raw = b"a" * int(req.match_info["n"])
@@ -91,6 +104,7 @@ def make_app(hits: list[str]) -> web.Application:
     app.router.add_route("*", "/echo", echo)
     app.router.add_route("*", "/redirect-to", redirect_to)
     app.router.add_get("/bytes/{n}", sized)
+    app.router.add_get("/stream/{n}", streamed)
     app.router.add_get("/{encoding:gzip|deflate}/{n}", compressed)
     app.router.add_get("/set-cookie", set_cookie)
     app.router.add_get("/latin1", latin1)
@@ -98,9 +112,10 @@ def make_app(hits: list[str]) -> web.Application:
 
 
 class Site:
-    def __init__(self, server: TestServer, hits: list[str]) -> None:
+    def __init__(self, server: TestServer, hits: list[str], peers: list[int]) -> None:
         self.server = server
         self.hits = hits
+        self.peers = peers
 
     def url(self, path: str) -> str:
         return str(self.server.make_url(path))
@@ -116,9 +131,10 @@ async def transport() -> AsyncIterator[Transport]:
 
 async def start_site() -> Site:
     hits: list[str] = []
-    server = TestServer(make_app(hits), host="127.0.0.1", port=0)
+    peers: list[int] = []
+    server = TestServer(make_app(hits, peers), host="127.0.0.1", port=0)
     await server.start_server()
-    return Site(server, hits)
+    return Site(server, hits, peers)
 
 
 @pytest.fixture
@@ -253,6 +269,28 @@ async def test_body_capped_at_max_bytes(transport: Transport, site: Site, size: 
     response = await send(transport, request("GET", site.url(f"/bytes/{size}")), Limits(cap, 5))
     assert response.body == b"x" * min(size, cap)
     assert response.complete is complete
+
+
+@pytest.mark.parametrize(
+    ("path", "kept"),
+    [
+        ("/bytes/600000", True),
+        ("/bytes/3000000", False),
+        ("/stream/400000", True),
+        ("/stream/3000000", False),
+    ],
+)
+async def test_a_small_rest_of_a_capped_body_is_drained_and_the_connection_kept(
+    transport: Transport, site: Site, path: str, kept: bool
+) -> None:
+    """Past the cap, up to 1 MiB more is read and dropped so that the next call reuses the connection;
+    a larger rest (by its Content-Length, or as it streams) drops the connection."""
+    capped = await send(transport, request("GET", site.url(path)), Limits(100_000, 5))
+    assert capped.body == b"x" * 100_000
+    assert not capped.complete
+    await send(transport, request("GET", site.url("/bytes/10")))
+    assert len(site.peers) == 2
+    assert (site.peers[0] == site.peers[1]) is kept
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
