@@ -45,6 +45,18 @@ def request(method: str, url: str, headers: dict[str, str] | None = None, body: 
     )
 
 
+async def streamed(req: web.Request) -> web.StreamResponse:
+    """n bytes without a Content-Length (chunked)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+    await response.prepare(req)
+    left = int(req.match_info["n"])
+    while left > 0:
+        await response.write(b"x" * min(left, 65536))
+        left -= 65536
+    await response.write_eof()
+    return response
+
+
 def make_app(hits: list[str], peers: list[int]) -> web.Application:
     """An upstream with redirect, echo, sized, compressed and cookie endpoints; records each path hit and
     the client port it came from."""
@@ -73,17 +85,6 @@ def make_app(hits: list[str], peers: list[int]) -> web.Application:
 
     async def sized(req: web.Request) -> web.Response:
         return web.Response(body=b"x" * int(req.match_info["n"]), content_type="text/plain")
-
-    async def streamed(req: web.Request) -> web.StreamResponse:
-        """n bytes without a Content-Length (chunked)."""
-        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
-        await response.prepare(req)
-        left = int(req.match_info["n"])
-        while left > 0:
-            await response.write(b"x" * min(left, 65536))
-            left -= 65536
-        await response.write_eof()
-        return response
 
     async def compressed(req: web.Request) -> web.Response:
         raw = b"a" * int(req.match_info["n"])
