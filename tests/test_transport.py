@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from worker import errors
+from worker import transport as transport_module
 from worker.egress import EgressPolicy
 from worker.rendering import PreparedRequest
 from worker.templates import Template
@@ -81,7 +82,8 @@ def make_app(hits: list[str], peers: list[int]) -> web.Application:
 
     async def redirect_to(req: web.Request) -> web.Response:
         status = int(req.query.get("status", "302"))
-        return web.Response(status=status, headers={"Location": req.query["url"]})
+        body = b"x" * int(req.query.get("body", "0"))
+        return web.Response(status=status, headers={"Location": req.query["url"]}, body=body)
 
     async def sized(req: web.Request) -> web.Response:
         return web.Response(body=b"x" * int(req.match_info["n"]), content_type="text/plain")
@@ -289,9 +291,42 @@ async def test_a_small_rest_of_a_capped_body_is_drained_and_the_connection_kept(
     capped = await send(transport, request("GET", site.url(path)), Limits(100_000, 5))
     assert capped.body == b"x" * 100_000
     assert not capped.complete
+    await transport.drained()
     await send(transport, request("GET", site.url("/bytes/10")))
     assert len(site.peers) == 2
     assert (site.peers[0] == site.peers[1]) is kept
+
+
+async def test_a_capped_call_does_not_wait_for_the_rest_of_its_body(
+    transport: Transport, raw_server: Callable[[StreamHandler], Awaitable[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capped answer returns at once; the rest of the body is drained (or not) on its own time, so a
+    call never times out there. The upstream here stalls after the first chunk."""
+    monkeypatch.setattr(transport_module, "_DRAIN_MAX_S", 60.0)
+    stalled = asyncio.Event()
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4000\r\n" + b"x" * 0x4000 + b"\r\n")
+        await writer.drain()
+        await stalled.wait()
+        writer.close()
+
+    url = await raw_server(stall)
+    response = await asyncio.wait_for(send(transport, request("GET", url + "/x"), Limits(1000, 5)), 10)
+    assert response.body == b"x" * 1000 and not response.complete
+    stalled.set()  # the connection breaks: the drain gives up and drops it
+    await asyncio.wait_for(transport.drained(), 10)
+
+
+@pytest.mark.parametrize("body", [0, 300_000])
+async def test_a_redirect_body_is_drained_and_the_connection_kept(transport: Transport, site: Site, body: int) -> None:
+    """A redirect's own body is read and dropped so that the connection serves the next call."""
+    response = await send(transport, request("GET", site.url(f"/redirect-to?url=/bytes/10&body={body}")))
+    assert response.body == b"x" * 10
+    await transport.drained()
+    await send(transport, request("GET", site.url("/bytes/10")))
+    assert len(site.peers) == 3 and len(set(site.peers)) == 1
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
