@@ -47,8 +47,9 @@ class ToolCall(BaseModel):
 
     call_id: str = Field(alias="callId", min_length=1, max_length=256)
     tool: str = Field(min_length=1, max_length=256)
-    arguments: dict[str, Any] = {}
-    headers: dict[str, str] = {}
+    # Factories, not `{}`: pydantic deep-copies a mutable default for every message that leaves it out.
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
     session_id: str | None = Field(None, alias="sessionId")
     timeout_s: float | None = Field(None, alias="timeoutSeconds", gt=0, le=86_400)
     deadline: datetime | None = None
