@@ -51,6 +51,7 @@ RESULTS_DIR = pipeline.ROOT / "bench-results"
 CORES = os.cpu_count() or 1
 
 RAW = "raw aiohttp, 256 at a time (limit)"
+RAW_AGAIN = "raw aiohttp, again after toolworker"
 SINGLE = "toolworker single (ToolClient)"
 COALESCED = "toolworker single (AsyncToolClient)"
 BATCHED = "toolworker batched (acall_many)"
@@ -186,6 +187,9 @@ def run_cell(
             with pipeline.toolworker(redis_url, url, sizes.threads, per_process, processes=CORES) as pid:
                 rows.append(cell.row(COALESCED_N, pid, partial(pipeline.async_burst, redis_url, calls, 1)))
                 rows.append(cell.row(BATCHED_N, pid, partial(pipeline.async_burst, redis_url, calls, sizes.batch)))
+        # The machine's other load drifts during a cell: the limit is the mean of a measurement before the
+        # toolworker cases and one after them.
+        again = cell.row(RAW_AGAIN, None, partial(pipeline.raw_burst, url, calls))
         if with_light:  # what Flower's task views cost a call
             with pipeline.toolworker(redis_url, url, sizes.threads, pipeline.RAW_CONCURRENCY, task_events=False) as pid:
                 run = partial(pipeline.single_sequential, redis_url, sizes.light_calls)
@@ -196,7 +200,8 @@ def run_cell(
                 light.append(cell.row("baseline .delay().get()", pid, run))
             baseline_calls = min(sizes.baseline_calls, _calls_in(sizes.baseline_seconds, cell.latency_ms))
             rows.append(cell.row(BASELINE, pid, partial(pipeline.baseline_burst, url, baseline_calls)))
-    return [with_ratios(row, limit) for row in (limit, *rows)], light
+    reference = limit | {"calls_per_s": (limit["calls_per_s"] + again["calls_per_s"]) / 2}
+    return [with_ratios(row, reference) for row in (limit, again, *rows)], light
 
 
 def toolworker_cases(redis_url: str, calls: int, batch: int) -> dict[str, Callable[[], Sample]]:
@@ -344,7 +349,8 @@ def print_header(results: dict[str, Any]) -> None:
 
 
 LEGEND = """\
-calls/s: calls / (first submission to last result); % raw: share of the raw limit's calls/s.
+calls/s: calls / (first submission to last result); % raw: share of the raw limit's calls/s, the
+  mean of the two raw aiohttp measurements (before and after the toolworker cases).
 p50/p95/p99 +ms: each call from its submission to its result, minus the upstream's latency; every call
   is submitted at once, so the wait in the queue is included; (Nx): times the raw limit's figure.
 CPU ms/call and RSS MB: the process (tree) making the HTTP calls: the benchmark's own for raw aiohttp,
@@ -376,7 +382,8 @@ def _matrix_line(row: dict[str, Any]) -> str:
 
 def _latency_cell(row: dict[str, Any], p: int) -> str:
     ratio = row.get(f"p{p}_x")
-    text = f"{row[f'p{p}_ms']:.1f}" + (f" ({ratio:g}x)" if ratio is not None and row["case"] != RAW else "")
+    shown = ratio is not None and row["case"] not in {RAW, RAW_AGAIN}
+    text = f"{row[f'p{p}_ms']:.1f}" + (f" ({ratio:g}x)" if shown else "")
     return f"{text:>14}"
 
 
