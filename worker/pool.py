@@ -73,15 +73,14 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
 
     def _answered(self, callback: Callable[..., Any], started: float, future: Future[Any]) -> None:
         """On the loop, once every call of the message is answered: complete it on a pool thread."""
-        runtime = time.monotonic() - started
-        try:
-            outcome = (0, saferepr(future.result(), _RESULT_REPR_CHARS), runtime)
-        except BaseException:  # Celery's failure path records and acknowledges it
-            outcome = (1, ExceptionInfo(), runtime)
-        self.executor.submit(self._complete, callback, outcome)
+        self.executor.submit(self._complete, callback, future, time.monotonic() - started)
 
-    def _complete(self, callback: Callable[..., Any], outcome: tuple[Any, ...]) -> None:
+    def _complete(self, callback: Callable[..., Any], future: Future[Any], runtime: float) -> None:
         try:
+            try:  # the summary's repr (a batch's is long) is made here, off the loop
+                outcome = (0, saferepr(future.result(), _RESULT_REPR_CHARS), runtime)
+            except BaseException:  # Celery's failure path records and acknowledges it
+                outcome = (1, ExceptionInfo(), runtime)
             callback(outcome)
         finally:
             with self._idle:
