@@ -400,6 +400,19 @@ async def test_call_logs_finished_without_secrets(run: Any) -> None:
         assert ENV_SECRET not in text and CALL_SECRET not in text, event
 
 
+def test_log_keys_that_name_a_secret_are_redacted_at_any_depth() -> None:
+    """Keys naming a secret are redacted in nested mappings too, the same on every line; other keys
+    (an integer one too) keep their values."""
+    for _ in range(2):
+        event = {"event": "x", "callId": "c", "apiKey": "s1", "nested": {"Authorization": "s2", 3: "t", "ok": "v"}}
+        assert logs.redact_secret_keys(None, "", event) == {
+            "event": "x",
+            "callId": "c",
+            "apiKey": REDACTED,
+            "nested": {"Authorization": REDACTED, 3: "t", "ok": "v"},
+        }
+
+
 # --- shape_result ------------------------------------------------------------------------------
 
 
