@@ -21,7 +21,7 @@ from yarl import URL
 from worker import errors, logs
 from worker.constants import MAX_ARGUMENTS_BYTES, REDACTED
 from worker.envelope import ToolResult
-from worker.execution import Runtime, ToolCall, execute, parse_call, shape_result
+from worker.execution import TURNS_PER_CONNECTION, Runtime, ToolCall, execute, parse_call, shape_result
 from worker.rendering import PreparedRequest
 from worker.store import load
 from worker.tools import ToolSet
@@ -287,6 +287,75 @@ async def test_call_timeout_is_exit_28(run: Any) -> None:
     assert envelope.exit_code == 28
     assert envelope.error is not None and envelope.error["type"] == "timeout"
     assert transport.requests
+
+
+def narrow(toolset: ToolSet, max_concurrency: int) -> ToolSet:
+    """The toolset with the `api` upstream limited to max_concurrency connections."""
+    api = dataclasses.replace(toolset.upstreams["api"], max_concurrency=max_concurrency)
+    return dataclasses.replace(toolset, upstreams={**toolset.upstreams, "api": api})
+
+
+class Gate:
+    """An upstream that holds every request until opened, counting those it holds at once."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.holding = self.most = 0
+
+    async def __call__(self, request: PreparedRequest) -> Response:
+        self.holding += 1
+        self.most = max(self.most, self.holding)
+        try:
+            await self.open.wait()
+        finally:
+            self.holding -= 1
+        return response()
+
+
+async def test_calls_to_one_upstream_take_turns(toolset: ToolSet) -> None:
+    """At most TURNS_PER_CONNECTION x max_concurrency calls to an upstream are under way at once; the
+    others wait their turn unprepared, and every call is answered."""
+    gate = Gate()
+    transport = FakeTransport(gate)
+    runtime = Runtime(narrow(toolset, 2), ENVIRON, transport=transport)  # type: ignore[arg-type]
+    calls = [asyncio.ensure_future(execute(parse_call(lookup(), f"task-{i}"), runtime)) for i in range(20)]
+    while gate.holding < TURNS_PER_CONNECTION * 2:
+        await asyncio.sleep(0)
+    for _ in range(20):  # the others would have been rendered and sent by now
+        await asyncio.sleep(0)
+    assert gate.holding == len(transport.requests) == TURNS_PER_CONNECTION * 2
+    gate.open.set()
+    assert [envelope.exit_code for envelope in await asyncio.gather(*calls)] == [0] * 20
+    assert gate.most == TURNS_PER_CONNECTION * 2 and len(transport.requests) == 20
+
+
+async def test_a_call_without_a_turn_in_its_time_is_exit_28_and_not_sent(toolset: ToolSet) -> None:
+    """A call still waiting for its turn when its time is up ends with exit 28, unsent."""
+    gate = Gate()
+    transport = FakeTransport(gate)
+    runtime = Runtime(narrow(toolset, 1), ENVIRON, transport=transport)  # type: ignore[arg-type]
+    busy = [asyncio.ensure_future(execute(parse_call(lookup(), f"busy-{i}"), runtime)) for i in range(2)]
+    while gate.holding < 2:
+        await asyncio.sleep(0)
+    late = await execute(parse_call(lookup(timeoutSeconds=0.05), "late"), runtime)
+    assert late.exit_code == 28 and late.error is not None
+    assert "2 calls under way" in late.error["message"]
+    assert len(transport.requests) == 2
+    gate.open.set()
+    assert [envelope.exit_code for envelope in await asyncio.gather(*busy)] == [0, 0]
+
+
+async def test_a_call_gives_its_turn_back_while_it_waits_to_retry(toolset: ToolSet) -> None:
+    """Calls sleeping on a Retry-After hold no turn: another call is sent and answered meanwhile."""
+    later = dataclasses.replace(response(503), retry_after="1")
+    transport = FakeTransport(later, later, response(200))
+    runtime = Runtime(narrow(toolset, 1), ENVIRON, transport=transport)  # type: ignore[arg-type]
+    waiting = [asyncio.ensure_future(execute(parse_call(lookup(), f"waiting-{i}"), runtime)) for i in range(2)]
+    while len(transport.requests) < 2:
+        await asyncio.sleep(0)
+    quick = await execute(parse_call(lookup(timeoutSeconds=0.5), "quick"), runtime)
+    assert quick.exit_code == 0 and len(transport.requests) == 3
+    assert [(e.exit_code, e.attempts) for e in await asyncio.gather(*waiting)] == [(0, 2), (0, 2)]
 
 
 # --- retries -----------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ MAX_RETRY_AFTER_S = 60.0
 # A call without a deadline waits this long at most for the shared rate limit.
 MAX_RATE_WAIT_S = 300.0
 _READ_MARGIN_BYTES = 64 * 1024
+# Calls to one upstream under way at once (rendered, sent or being answered), per pooled connection:
+# enough that a connection coming free finds its next request ready.
+TURNS_PER_CONNECTION = 2
 
 
 class ToolCall(BaseModel):
@@ -68,6 +71,7 @@ class Runtime:
     # Shared state between workers (rate limits); None where no Redis is at hand (unit tests).
     redis: aioredis.Redis | None = None
     _validators: dict[str, Draft202012Validator] = field(default_factory=dict)
+    _turns: dict[str, asyncio.Semaphore] = field(default_factory=dict)
 
     def resolve(self, name: str) -> tuple[Tool, Upstream]:
         tool = self.toolset.tools.get(ALIASES.get(name, name))
@@ -81,7 +85,14 @@ class Runtime:
 
     def swap(self, toolset: ToolSet) -> None:
         """Serve a new set of tools from the next call on (calls in flight keep theirs)."""
-        self.toolset, self._validators = toolset, {}
+        self.toolset, self._validators, self._turns = toolset, {}, {}
+
+    def turns(self, upstream: Upstream) -> asyncio.Semaphore:
+        """The turns of the calls to one upstream (see `_take_turn`)."""
+        turns = self._turns.get(upstream.name)
+        if turns is None:
+            turns = self._turns[upstream.name] = asyncio.Semaphore(TURNS_PER_CONNECTION * upstream.max_concurrency)
+        return turns
 
     def validator(self, tool: Tool) -> Draft202012Validator:
         validator = self._validators.get(tool.name)
@@ -138,7 +149,71 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     if tool.kind == "builtin":
         envelope.result = run_catalog(tool.name, arguments, runtime.toolset)
         return
-    request = _prepare(tool, upstream, arguments, call, runtime)
+    turn = Turn(runtime.turns(upstream), upstream, deadline)
+    await turn.take()
+    try:
+        await _send_call(Sending(call, runtime, tool, upstream, arguments, deadline, turn), envelope)
+    finally:
+        turn.give_back()
+
+
+class Turn:
+    """A call's place among the calls under way to its upstream: TURNS_PER_CONNECTION x max_concurrency
+    of them per worker process. The others wait unprepared, in order of arrival; a burst of thousands
+    would otherwise render and start every request in one go, and hold the loop for a second or more
+    while the upstream's answers waited to be read. A call gives its turn back while it sleeps between
+    attempts."""
+
+    def __init__(self, turns: asyncio.Semaphore, upstream: Upstream, deadline: float) -> None:
+        self._turns, self._upstream, self._deadline = turns, upstream, deadline
+        self._held = False
+
+    async def take(self) -> None:
+        if self._held:
+            return
+        if self._turns.locked():
+            await self._wait()
+        else:
+            await self._turns.acquire()  # at once
+        self._held = True
+
+    async def _wait(self) -> None:
+        """As long as a free pooled connection was waited for (or, at a rate-limited upstream, a slot)."""
+        upstream = self._upstream
+        limited = upstream.rate_limit is not None
+        wait_s = min(MAX_RATE_WAIT_S if limited else upstream.timeout_s, self._deadline - time.time())
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._turns.acquire()
+        except TimeoutError:
+            error = errors.DeadlineExceeded if limited else errors.TimedOut
+            raise error(
+                f"The call waited {wait_s:.3g} seconds for its turn at the upstream, which had "
+                f"{TURNS_PER_CONNECTION * upstream.max_concurrency} calls under way; it was not sent."
+            ) from None
+
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._turns.release()
+
+
+@dataclass(frozen=True, slots=True)
+class Sending:
+    """A validated call to a defined upstream, once it has its turn."""
+
+    call: ToolCall
+    runtime: Runtime
+    tool: Tool
+    upstream: Upstream
+    arguments: dict[str, Any]
+    deadline: float
+    turn: Turn
+
+
+async def _send_call(sending: Sending, envelope: ToolResult) -> None:
+    call, runtime, tool, upstream = sending.call, sending.runtime, sending.tool, sending.upstream
+    request = _prepare(tool, upstream, sending.arguments, call, runtime)
     logs.bind_secrets(request.secrets)
     if request.dropped_headers:
         log.info("call.headers_dropped", headers=list(request.dropped_headers))
@@ -154,7 +229,7 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
             breaker.before_call()
         finally:
             metrics.set_circuit_state(upstream.name, cast(metrics.CircuitState, breaker.state))
-    attempt = Attempt(runtime, request, upstream, deadline, check, trusted, breaker)
+    attempt = Attempt(runtime, request, upstream, sending.deadline, check, trusted, breaker, sending.turn)
     with metrics.in_flight(tool.name, upstream.name):
         response = await _send_with_retries(attempt, envelope, read_limit(tool, upstream))
     shape_result(envelope, response, tool, upstream, request.secrets)
@@ -247,9 +322,12 @@ class Attempt:
     check: RedirectCheck
     trusted: URL | None
     breaker: CircuitBreaker | None
+    turn: Turn
 
     async def send(self, limits: Limits) -> Response:
-        """One attempt, within the rate limit and the time left; its outcome is told to the breaker."""
+        """One attempt, in the call's turn, within the rate limit and the time left; its outcome is told
+        to the breaker."""
+        await self.turn.take()
         rate = self.upstream.rate_limit
         if rate is not None and self.runtime.redis is not None:
             horizon = min(self.deadline, time.time() + MAX_RATE_WAIT_S)
@@ -311,8 +389,10 @@ async def _send_with_retries(attempt: Attempt, envelope: ToolResult, max_bytes: 
             if asked_s is not None:
                 if asked_s > MAX_RETRY_AFTER_S or time.time() + asked_s >= deadline:
                     return response  # the upstream asks for more time than the call has: its answer stands
+                attempt.turn.give_back()
                 await asyncio.sleep(asked_s)
                 continue
+        attempt.turn.give_back()
         await asyncio.sleep(min(_backoff(policy.backoff_s, policy.max_backoff_s, number), deadline - time.time()))
     raise AssertionError("unreachable: the last attempt returns or raises")
 
