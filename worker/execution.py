@@ -88,7 +88,7 @@ class Runtime:
         self.toolset, self._validators, self._turns = toolset, {}, {}
 
     def turns(self, upstream: Upstream) -> asyncio.Semaphore:
-        """The turns of the calls to one upstream (see `_take_turn`)."""
+        """The turns of the calls to one upstream (see `Turn`)."""
         turns = self._turns.get(upstream.name)
         if turns is None:
             turns = self._turns[upstream.name] = asyncio.Semaphore(TURNS_PER_CONNECTION * upstream.max_concurrency)
@@ -166,7 +166,7 @@ class Turn:
 
     def __init__(self, turns: asyncio.Semaphore, upstream: Upstream, deadline: float) -> None:
         self._turns, self._upstream, self._deadline = turns, upstream, deadline
-        self._held = False
+        self._held = self._sent = False  # _sent: an earlier attempt had its turn
 
     async def take(self) -> None:
         if self._held:
@@ -175,7 +175,7 @@ class Turn:
             await self._wait()
         else:
             await self._turns.acquire()  # at once
-        self._held = True
+        self._held = self._sent = True
 
     async def _wait(self) -> None:
         """As long as a free pooled connection was waited for (or, at a rate-limited upstream, a slot)."""
@@ -189,7 +189,8 @@ class Turn:
             error = errors.DeadlineExceeded if limited else errors.TimedOut
             raise error(
                 f"The call waited {wait_s:.3g} seconds for its turn at the upstream, which had "
-                f"{TURNS_PER_CONNECTION * upstream.max_concurrency} calls under way; it was not sent."
+                f"{TURNS_PER_CONNECTION * upstream.max_concurrency} calls under way; "
+                f"it was not sent{' again' if self._sent else ''}."
             ) from None
 
     def give_back(self) -> None:
