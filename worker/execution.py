@@ -152,7 +152,19 @@ async def _run(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_
     turn = Turn(runtime.turns(upstream), upstream, deadline)
     await turn.take()
     try:
-        await _send_call(Sending(call, runtime, tool, upstream, arguments, deadline, turn), envelope)
+        request = _prepare(tool, upstream, arguments, call, runtime)
+        logs.bind_secrets(request.secrets)
+        if request.dropped_headers:
+            log.info("call.headers_dropped", headers=list(request.dropped_headers))
+        _describe_request(envelope, request, upstream)
+        # A defined tool's own upstream is trusted configuration; everything else is egress-checked.
+        trusted = None if tool.kind == "generic" else URL(request.url, encoded=True).origin()
+        check = _redirect_check(trusted, upstream, runtime.policy)
+        breaker = _breaker(runtime, upstream, trusted)
+        attempt = Attempt(runtime, request, upstream, deadline, check, trusted, breaker, turn)
+        with metrics.in_flight(tool.name, upstream.name):
+            response = await _send_with_retries(attempt, envelope, read_limit(tool, upstream))
+        shape_result(envelope, response, tool, upstream, request.secrets)
     finally:
         turn.give_back()
 
@@ -199,41 +211,18 @@ class Turn:
             self._turns.release()
 
 
-@dataclass(frozen=True, slots=True)
-class Sending:
-    """A validated call to a defined upstream, once it has its turn."""
-
-    call: ToolCall
-    runtime: Runtime
-    tool: Tool
-    upstream: Upstream
-    arguments: dict[str, Any]
-    deadline: float
-    turn: Turn
-
-
-async def _send_call(sending: Sending, envelope: ToolResult) -> None:
-    call, runtime, tool, upstream = sending.call, sending.runtime, sending.tool, sending.upstream
-    request = _prepare(tool, upstream, sending.arguments, call, runtime)
-    logs.bind_secrets(request.secrets)
-    if request.dropped_headers:
-        log.info("call.headers_dropped", headers=list(request.dropped_headers))
-    _describe_request(envelope, request, upstream)
-    # A defined tool's own upstream is trusted configuration; everything else is egress-checked.
-    trusted = None if tool.kind == "generic" else URL(request.url, encoded=True).origin()
-    check = _redirect_check(trusted, upstream, runtime.policy)
-    # The generic tool reaches many hosts: no one breaker speaks for them.
+def _breaker(runtime: Runtime, upstream: Upstream, trusted: URL | None) -> CircuitBreaker | None:
+    """The upstream's breaker, told of this call; the generic tool reaches many hosts, so no one breaker
+    speaks for them."""
+    if trusted is None:
+        return None
     circuit = upstream.circuit
-    breaker = None if trusted is None else runtime.breakers.get(upstream.name, circuit.threshold, circuit.cooldown_s)
-    if breaker is not None:
-        try:
-            breaker.before_call()
-        finally:
-            metrics.set_circuit_state(upstream.name, cast(metrics.CircuitState, breaker.state))
-    attempt = Attempt(runtime, request, upstream, sending.deadline, check, trusted, breaker, sending.turn)
-    with metrics.in_flight(tool.name, upstream.name):
-        response = await _send_with_retries(attempt, envelope, read_limit(tool, upstream))
-    shape_result(envelope, response, tool, upstream, request.secrets)
+    breaker = runtime.breakers.get(upstream.name, circuit.threshold, circuit.cooldown_s)
+    try:
+        breaker.before_call()
+    finally:
+        metrics.set_circuit_state(upstream.name, cast(metrics.CircuitState, breaker.state))
+    return breaker
 
 
 def _prepare(tool: Tool, upstream: Upstream, arguments: dict[str, Any], call: ToolCall, rt: Runtime) -> PreparedRequest:
