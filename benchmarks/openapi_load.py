@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 
 from tests.openapi_gen import generate_spec
-from worker import catalog, store
-from worker.readers.openapi import import_openapi
+from worker.definitions import catalog, store
+from worker.definitions.readers.openapi import import_openapi
 
 CASES = ("reference", "light", "schemas", "import")
 DESCRIPTIONS = {

@@ -30,7 +30,7 @@ import aiohttp
 from celery.result import AsyncResult
 
 from worker.client import AsyncToolClient, ToolClient
-from worker.embedded import free_port
+from worker.dev.embedded import free_port
 from worker.envelope import ToolResult
 
 ROOT = Path(__file__).resolve().parent.parent

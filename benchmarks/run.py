@@ -43,7 +43,7 @@ import redis
 from benchmarks import pipeline
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
-from worker.embedded import EmbeddedRedis
+from worker.dev.embedded import EmbeddedRedis
 
 KB = 1024
 MB = 1024 * 1024

@@ -14,7 +14,7 @@ import pytest
 
 from tests.servers import DnsServer, ServerThread, UpstreamState, closed_port, make_upstream
 from worker.client import ToolClient
-from worker.embedded import EmbeddedRedis
+from worker.dev.embedded import EmbeddedRedis
 from worker.settings import get_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"

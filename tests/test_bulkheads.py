@@ -16,7 +16,7 @@ from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker
 from tests.servers import DnsServer
 from worker.client import AsyncToolClient
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, ROUTES_KEY
-from worker.embedded import EmbeddedRedis
+from worker.dev.embedded import EmbeddedRedis
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from worker import catalog, store
-from worker.tools import ToolSet
+from worker.definitions import catalog, store
+from worker.definitions.model import ToolSet
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openapi"
 LONG_DESCRIPTION = "Escalate a ticket to the on-call engineer. " * 40

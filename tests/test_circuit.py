@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from worker import errors
-from worker.circuit import Breakers, CircuitBreaker
+from worker.call.circuit import Breakers, CircuitBreaker
 
 
 class FakeClock:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from worker.app import app
 from worker.cli import _parser
+from worker.queue.app import app
 from worker.settings import Settings
 
 ROOT = Path(__file__).parent.parent
@@ -193,8 +193,8 @@ def test_flower_ports_and_healthcheck_agree() -> None:
 
 
 def test_demo_upstream_matches_the_worker() -> None:
-    """The demo service runs worker.demo.serve on the port that the worker's TOOLWORKER_DEMO_URL names."""
-    from worker.demo import serve
+    """The demo service runs worker.dev.demo.serve on the port that the worker's TOOLWORKER_DEMO_URL names."""
+    from worker.dev.demo import serve
 
     assert callable(serve)
     demo = SERVICES["demo"]

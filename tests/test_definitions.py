@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from worker import cli, store
-from worker.store import SUFFIXES
-from worker.tools import Problem, Source, ToolSet
+from worker import cli
+from worker.definitions import store
+from worker.definitions.model import Problem, Source, ToolSet
+from worker.definitions.store import SUFFIXES
 
 DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
 REPO_FILES = sorted(p for p in DEFINITIONS.rglob("*") if p.suffix in SUFFIXES and p.is_file())

@@ -19,7 +19,8 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.egress import (
+from worker.errors import EgressBlocked, MalformedURL
+from worker.http.egress import (
     DENIED,
     LINK_LOCAL,
     LOOPBACK,
@@ -35,7 +36,6 @@ from worker.egress import (
     make_connector,
     unwrap,
 )
-from worker.errors import EgressBlocked, MalformedURL
 
 DEFAULT = EgressPolicy.parse("*")
 net = ipaddress.ip_network

@@ -19,14 +19,14 @@ from structlog.typing import Processor
 from yarl import URL
 
 from worker import errors, logs
+from worker.call.rendering import PreparedRequest
+from worker.call.run import TURNS_PER_CONNECTION, Runtime, ToolCall, execute, parse_call, shape_result
 from worker.constants import MAX_ARGUMENTS_BYTES, REDACTED
+from worker.definitions.model import ToolSet
+from worker.definitions.model import Upstream as UpstreamDef
+from worker.definitions.store import load
 from worker.envelope import ToolResult
-from worker.execution import TURNS_PER_CONNECTION, Runtime, ToolCall, execute, parse_call, shape_result
-from worker.rendering import PreparedRequest
-from worker.store import load
-from worker.tools import ToolSet
-from worker.tools import Upstream as UpstreamDef
-from worker.transport import Limits, RedirectCheck, Response
+from worker.http.transport import Limits, RedirectCheck, Response
 
 ENV_SECRET = "env-secret-token-31337"
 CALL_SECRET = "call-header-secret-4242"

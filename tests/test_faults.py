@@ -31,7 +31,7 @@ from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer, ServerThread
 from worker.client import AsyncToolClient, ToolClient, task_messages
 from worker.constants import DEFAULT_QUEUE
-from worker.embedded import EmbeddedRedis
+from worker.dev.embedded import EmbeddedRedis
 from worker.envelope import ToolResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

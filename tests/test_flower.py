@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import WorkerProcess
 from worker.client import ToolClient
 from worker.constants import REDACTED, TASK_EXECUTE
-from worker.embedded import free_port
+from worker.dev.embedded import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from worker.call.http_request import GENERIC_TOOL_NAME, GENERIC_TOOL_SCHEMA, render_generic
+from worker.call.rendering import PreparedRequest
 from worker.constants import REDACTED
-from worker.egress import EgressPolicy
 from worker.errors import EgressBlocked, InvalidArguments, MalformedURL, ToolError
-from worker.generic import GENERIC_TOOL_NAME, GENERIC_TOOL_SCHEMA, render_generic
-from worker.rendering import PreparedRequest
+from worker.http.egress import EgressPolicy
 
 POLICY = EgressPolicy.parse("api.example.com, *.example.org, 127.0.0.1")
 API = "https://api.example.com/v1/items"

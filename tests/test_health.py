@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import WorkerProcess
 from tests.servers import closed_port
-from worker.embedded import EmbeddedRedis
-from worker.health import check, safe_url
+from worker.dev.embedded import EmbeddedRedis
+from worker.queue.health import check, safe_url
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from worker.jolt import SUPPORTED_OPERATIONS, jolt_transform
-from worker.store import load
-from worker.transforms import TransformError
+from worker.definitions.jolt import SUPPORTED_OPERATIONS, jolt_transform
+from worker.definitions.store import load
+from worker.definitions.transforms import TransformError
 
 
 def shift(spec: dict[str, Any], data: Any) -> Any:

@@ -24,7 +24,7 @@ from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker
 from tests.servers import DnsServer
 from worker import metrics
 from worker.client import ToolClient
-from worker.embedded import EmbeddedRedis, free_port
+from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.envelope import ToolResult
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -12,11 +12,18 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from tests.openapi_gen import generate_spec, write_spec
-from worker import catalog, store
-from worker.readers import parse_file
-from worker.readers.openapi import JSON_TYPE, SpecError, SpecFileReader, argument_name, import_openapi, tool_name
-from worker.rendering import PreparedRequest, render
-from worker.tools import Problem, ToolSet
+from worker.call.rendering import PreparedRequest, render
+from worker.definitions import catalog, store
+from worker.definitions.model import Problem, ToolSet
+from worker.definitions.readers import parse_file
+from worker.definitions.readers.openapi import (
+    JSON_TYPE,
+    SpecError,
+    SpecFileReader,
+    argument_name,
+    import_openapi,
+    tool_name,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openapi"
 PETSTORE_TOOLS = {

@@ -14,7 +14,7 @@ from tests.conftest import FIXTURES, SECRET_TOKEN, Upstream, WorkerProcess, star
 from tests.servers import DnsServer
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE, TASK_EXECUTE_BATCH
-from worker.embedded import EmbeddedRedis
+from worker.dev.embedded import EmbeddedRedis
 from worker.protocol import envelope_from_meta, task_message
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
-from worker.pool import _call_payload
+from worker.queue.pool import _call_payload
 
 CALL = {"callId": "c1", "tool": "t", "arguments": {}}
 

@@ -13,8 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from worker import errors
-from worker.embedded import EmbeddedRedis
-from worker.ratelimit import _reserve, acquire
+from worker.call.ratelimit import _reserve, acquire
+from worker.dev.embedded import EmbeddedRedis
 
 KEY = "toolworker:ratelimit:test"
 # Slack for the real time that passes between two calls of one test.

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from worker import constants
-from worker.readers import parse_file, readers
-from worker.rendering import render
-from worker.store import load
-from worker.tools import ToolSet
+from worker.call.rendering import render
+from worker.definitions.model import ToolSet
+from worker.definitions.readers import parse_file, readers
+from worker.definitions.store import load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kind_http"
 ENVIRON = {"SUPPORT_TOKEN": "support-token-1234", "CRM_KEY": "crm-key-5678"}

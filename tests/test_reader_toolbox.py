@@ -13,11 +13,16 @@ from typing import Any
 import jsonschema
 import pytest
 
-from worker.readers import Document, parse_file, readers
-from worker.readers.toolbox import handlebars_text, parameter_schema, substitutor_text, upstream_url_variable
-from worker.rendering import render
-from worker.store import load
-from worker.tools import ToolSet
+from worker.call.rendering import render
+from worker.definitions.model import ToolSet
+from worker.definitions.readers import Document, parse_file, readers
+from worker.definitions.readers.toolbox import (
+    handlebars_text,
+    parameter_schema,
+    substitutor_text,
+    upstream_url_variable,
+)
+from worker.definitions.store import load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "toolbox"
 ENVIRON = {

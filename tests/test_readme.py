@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import start_worker, stop_worker, worker_env
 from tests.servers import DnsServer, ServerThread
-from worker.demo import make_app
-from worker.embedded import EmbeddedRedis
+from worker.dev.demo import make_app
+from worker.dev.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -92,7 +92,7 @@ def test_documented_settings_exist() -> None:
 
 def test_native_yaml_example_loads(tmp_path: Path) -> None:
     """The README's native-format example is a valid definitions file."""
-    from worker import store
+    from worker.definitions import store
 
     [block] = [b for b in code_blocks("yaml") if "upstreams:" in b and "ticket_lookup" in b]
     path = tmp_path / "example.yaml"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from worker.constants import DONE_KEY_PREFIX, REDACTED, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
 from worker.protocol import envelope_from_meta, redacted_repr
-from worker.results import Publisher
+from worker.queue.publisher import Publisher
 
 STREAM = "toolworker:replies:test"
 

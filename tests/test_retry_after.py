@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.retry_after import parse_retry_after
+from worker.http.retry_after import parse_retry_after
 
 # Wed, 21 Oct 2015 07:28:00 GMT
 NOW = datetime(2015, 10, 21, 7, 28, 0, tzinfo=UTC).timestamp()

@@ -37,7 +37,7 @@ from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, wo
 from tests.servers import DnsServer, echo
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE
-from worker.embedded import EmbeddedRedis
+from worker.dev.embedded import EmbeddedRedis
 from worker.envelope import ToolResult
 from worker.protocol import task_message
 

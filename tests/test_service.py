@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from worker.service import GC_THRESHOLDS, settle_heap
+from worker.queue.service import GC_THRESHOLDS, settle_heap
 
 
 def test_settle_heap_takes_the_start_up_heap_out_of_collections() -> None:

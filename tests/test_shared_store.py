@@ -12,10 +12,10 @@ import redis
 
 from tests.conftest import Upstream, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer
-from worker import store
 from worker.client import ToolClient
 from worker.constants import DEFINITIONS_CURRENT_KEY
-from worker.embedded import EmbeddedRedis
+from worker.definitions import store
+from worker.dev.embedded import EmbeddedRedis
 
 pytestmark = pytest.mark.integration
 

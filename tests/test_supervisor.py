@@ -15,8 +15,8 @@ from tests.servers import DnsServer
 from tests.test_faults import wait_until
 from tests.test_metrics import _wait_for_sample
 from worker.client import AsyncToolClient
-from worker.embedded import EmbeddedRedis, free_port
-from worker.supervisor import child_hostname
+from worker.dev.embedded import EmbeddedRedis, free_port
+from worker.queue.supervisor import child_hostname
 
 
 def test_child_hostnames() -> None:

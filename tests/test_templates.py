@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.templates import Arg, Env, MissingEnv, Template, TemplateSyntaxError, resolve_env
+from worker.definitions.templates import Arg, Env, MissingEnv, Template, TemplateSyntaxError, resolve_env
 
 
 def test_plain_text_is_one_literal() -> None:

@@ -15,12 +15,12 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from worker import errors
-from worker import transport as transport_module
-from worker.egress import EgressPolicy
-from worker.rendering import PreparedRequest
-from worker.templates import Template
-from worker.tools import Upstream
-from worker.transport import Limits, Response, Transport
+from worker.call.rendering import PreparedRequest
+from worker.definitions.model import Upstream
+from worker.definitions.templates import Template
+from worker.http import transport as transport_module
+from worker.http.egress import EgressPolicy
+from worker.http.transport import Limits, Response, Transport
 
 LIMITS = Limits(max_bytes=1024 * 1024, connect_timeout_s=5)
 SECRET_HEADERS = {"Authorization": "Bearer sekrit-1", "X-Api-Key": "sekrit-2"}

@@ -102,12 +102,12 @@ def _worker(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or settings.concurrency
     processes = args.processes or settings.processes
     if processes > 1:
-        from worker.supervisor import supervise
+        from worker.queue.supervisor import supervise
 
         child = ["-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel, "--processes", "1"]
         child += ["-Q", args.queues] if args.queues else []
         return supervise(child, processes, args.hostname, settings.metrics_port)
-    from worker.app import app
+    from worker.queue.app import app
 
     argv = ["worker", "-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel]
     # Workers need neither gossip nor mingle (no elections, no shared revokes): both only add broker
@@ -141,7 +141,7 @@ def _restart_in_place(code: object) -> None:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from worker.devstack import run_dev_stack
+    from worker.dev.stack import run_dev_stack
 
     return run_dev_stack(flower_port=args.flower_port)
 
@@ -199,9 +199,9 @@ def _safe_url(url: str) -> str:
 
 def _load_toolset(paths: list[Path]) -> Any:
     """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
-    from worker import store
-    from worker.builtins import with_builtins
-    from worker.egress import EgressPolicy
+    from worker.call.catalog_tools import with_builtins
+    from worker.definitions import store
+    from worker.http.egress import EgressPolicy
 
     if paths:
         return store.load(paths)
@@ -210,7 +210,7 @@ def _load_toolset(paths: list[Path]) -> Any:
 
 
 def _tools(args: argparse.Namespace) -> int:
-    from worker import catalog
+    from worker.definitions import catalog
 
     toolset = _load_toolset([])
     rows = catalog.search(toolset, args.search, args.top_k) if args.search else catalog.list_tools(toolset, args.tag)
@@ -228,8 +228,8 @@ def _tools(args: argparse.Namespace) -> int:
 def _import_openapi(args: argparse.Namespace) -> int:
     import yaml
 
-    from worker.readers.openapi import SpecError, import_openapi
-    from worker.tools import Problem
+    from worker.definitions.model import Problem
+    from worker.definitions.readers.openapi import SpecError, import_openapi
 
     problems: list[Problem] = []
     _progress(f"reading {args.spec} ({args.spec.stat().st_size // 1024} KiB) and building every input schema")
@@ -261,7 +261,7 @@ def _cell(text: str, width: int) -> str:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from worker import catalog
+    from worker.definitions import catalog
 
     found = catalog.schemas(_load_toolset([]), [args.tool])
     if found["missing"]:
@@ -272,7 +272,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from worker.health import check
+    from worker.queue.health import check
 
     healthy, message = check(get_settings().redis_url, args.timeout, args.node)
     print(message, file=sys.stdout if healthy else sys.stderr)
@@ -282,7 +282,7 @@ def _health(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import redis
 
-    from worker import store
+    from worker.definitions import store
 
     settings = get_settings()
     paths = args.paths or [settings.definitions]

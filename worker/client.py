@@ -26,7 +26,7 @@ from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, ROUTES_KEY, TASK_
 from worker.envelope import ToolResult
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_message
-from worker.results import connect
+from worker.queue.publisher import connect
 from worker.settings import get_settings
 
 DEFAULT_TIMEOUT_S = 60.0

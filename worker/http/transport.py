@@ -12,10 +12,10 @@ from aiohttp.resolver import AsyncResolver
 from yarl import URL
 
 from worker import errors
+from worker.call.rendering import PreparedRequest, is_secret_header
 from worker.constants import MAX_REDIRECTS
-from worker.egress import EgressPolicy, egress_error, make_connector
-from worker.rendering import PreparedRequest, is_secret_header
-from worker.tools import Upstream
+from worker.definitions.model import Upstream
+from worker.http.egress import EgressPolicy, egress_error, make_connector
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK_BYTES = 64 * 1024

@@ -10,7 +10,7 @@ from celery.utils.nodenames import host_format
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from worker.app import app
+from worker.queue.app import app
 
 # kombu's Redis transports; anything else cannot be this project's broker.
 _SCHEMES = frozenset({"redis", "rediss", "sentinel"})

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from worker import constants
-from worker.templates import Template
+from worker.definitions.templates import Template
 
 JSON = Any
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})

@@ -19,17 +19,18 @@ from jsonschema.exceptions import ValidationError as SchemaViolation
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
 
-from worker import errors, logs, metrics, ratelimit
-from worker.builtins import ALIASES, run_catalog
-from worker.circuit import Breakers, CircuitBreaker
+from worker import errors, logs, metrics
+from worker.call import ratelimit
+from worker.call.catalog_tools import ALIASES, run_catalog
+from worker.call.circuit import Breakers, CircuitBreaker
+from worker.call.http_request import render_generic
+from worker.call.rendering import PreparedRequest, redact, render
 from worker.constants import MAX_ARGUMENTS_BYTES, RATE_LIMIT_KEY_PREFIX
-from worker.egress import EgressPolicy
+from worker.definitions.model import IDEMPOTENT_METHODS, Tool, ToolSet, Upstream
 from worker.envelope import ToolResult
-from worker.generic import render_generic
-from worker.rendering import PreparedRequest, redact, render
-from worker.retry_after import parse_retry_after
-from worker.tools import IDEMPOTENT_METHODS, Tool, ToolSet, Upstream
-from worker.transport import Limits, RedirectCheck, Response, Transport
+from worker.http.egress import EgressPolicy
+from worker.http.retry_after import parse_retry_after
+from worker.http.transport import Limits, RedirectCheck, Response, Transport
 
 log = structlog.get_logger("toolworker.call")
 _MAX_REPORTED_ERRORS = 5

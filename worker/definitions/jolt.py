@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.transforms import TransformError
+from worker.definitions.transforms import TransformError
 
 JSON = Any
 Step = Callable[[JSON], JSON]

@@ -7,11 +7,16 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from worker import catalog
-from worker.egress import EgressPolicy
-from worker.generic import GENERIC_TOOL_ALIASES, GENERIC_TOOL_DESCRIPTION, GENERIC_TOOL_NAME, GENERIC_TOOL_SCHEMA
-from worker.templates import Template
-from worker.tools import RequestTemplate, Tool, ToolSet, Upstream
+from worker.call.http_request import (
+    GENERIC_TOOL_ALIASES,
+    GENERIC_TOOL_DESCRIPTION,
+    GENERIC_TOOL_NAME,
+    GENERIC_TOOL_SCHEMA,
+)
+from worker.definitions import catalog
+from worker.definitions.model import RequestTemplate, Tool, ToolSet, Upstream
+from worker.definitions.templates import Template
+from worker.http.egress import EgressPolicy
 
 BUILTIN_UPSTREAM = "toolworker"
 ALIASES = dict.fromkeys(GENERIC_TOOL_ALIASES, GENERIC_TOOL_NAME)

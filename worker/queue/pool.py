@@ -7,7 +7,7 @@ directly; when the call is answered, a pool thread runs Celery's completion (ack
 event), off the loop and after the result is out. Any other task, or a body that does not decode, takes
 Celery's thread path unchanged. A warm shutdown waits for the calls in flight and their acknowledgements.
 
-`use()` makes this the pool behind `-P threads` (`toolworker worker` and `celery -A worker.app worker`).
+`use()` makes this the pool behind `-P threads` (`toolworker worker` and `celery -A worker.queue.app worker`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
         if payload is None:
             return super().on_apply(target, args, kwargs, callback, accept_callback, **options)
         assert args is not None and callback is not None
-        from worker.service import serve_task
+        from worker.queue.service import serve_task
 
         work = serve_task(args[0], args[1], payload[0], (args[2] or {}).get("delivery_info"))
         future = asyncio.run_coroutine_threadsafe(work, process_loop().loop)
@@ -110,7 +110,7 @@ def _call_payload(args: tuple[Any, ...]) -> tuple[Any] | None:
 
 @cache
 def _accept() -> frozenset[str]:
-    from worker.app import app
+    from worker.queue.app import app
 
     return frozenset(prepare_accept_content(app.conf.accept_content))
 

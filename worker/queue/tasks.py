@@ -9,10 +9,10 @@ from celery.signals import worker_process_shutdown, worker_ready
 from celery.worker.request import Request
 
 from worker import metrics
-from worker.app import app
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.protocol import redacted_repr
-from worker.service import process_service, run_task, settle_heap
+from worker.queue.app import app
+from worker.queue.service import process_service, run_task, settle_heap
 
 
 class RedactedRequest(Request):  # type: ignore[misc]

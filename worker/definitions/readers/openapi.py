@@ -39,10 +39,10 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from worker.readers import DefinitionSyntaxError, Document, parse_file
-from worker.readers.native import UpstreamModel, build_upstream
-from worker.templates import Template, TemplateSyntaxError
-from worker.tools import Body, Problem, RequestTemplate, Source, Tool, ToolSet
+from worker.definitions.model import Body, Problem, RequestTemplate, Source, Tool, ToolSet
+from worker.definitions.readers import DefinitionSyntaxError, Document, parse_file
+from worker.definitions.readers.native import UpstreamModel, build_upstream
+from worker.definitions.templates import Template, TemplateSyntaxError
 
 JSONSchema = dict[str, Any]
 MAX_REF_DEPTH = 8  # refs nested inside one another in one schema

@@ -23,12 +23,12 @@ from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from worker.jolt import jolt_transform
-from worker.readers import Document
-from worker.readers.native import TOOL_NAME_PATTERN
-from worker.templates import Arg, Env, Part, Template, TemplateSyntaxError
-from worker.tools import Body, RequestTemplate, Source, Tool, ToolSet, Upstream
-from worker.transforms import TransformError
+from worker.definitions.jolt import jolt_transform
+from worker.definitions.model import Body, RequestTemplate, Source, Tool, ToolSet, Upstream
+from worker.definitions.readers import Document
+from worker.definitions.readers.native import TOOL_NAME_PATTERN
+from worker.definitions.templates import Arg, Env, Part, Template, TemplateSyntaxError
+from worker.definitions.transforms import TransformError
 
 JSON = Any
 BODY_METHODS = frozenset({"POST", "PUT"})

@@ -21,8 +21,8 @@ from worker.constants import (
     DEFINITIONS_VERSION_KEY,
     ROUTES_KEY,
 )
-from worker.readers import DefinitionSyntaxError, parse_file, read_document
-from worker.tools import Problem, Source, Tool, ToolSet
+from worker.definitions.model import Problem, Source, Tool, ToolSet
+from worker.definitions.readers import DefinitionSyntaxError, parse_file, read_document
 
 SUFFIXES = frozenset({".yaml", ".yml", ".json"})
 

@@ -15,17 +15,18 @@ import redis
 import structlog
 from redis.exceptions import RedisError
 
-from worker import errors, store
-from worker.builtins import with_builtins
+from worker import errors
+from worker.call.catalog_tools import with_builtins
+from worker.call.run import Runtime, ToolCall, execute, parse_call
 from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY, TASK_EXECUTE
-from worker.egress import EgressPolicy
+from worker.definitions import store
+from worker.definitions.model import ToolSet
 from worker.envelope import ToolResult
-from worker.execution import Runtime, ToolCall, execute, parse_call
+from worker.http.egress import EgressPolicy
+from worker.http.transport import Transport
 from worker.loop import process_loop
-from worker.results import Publisher, connect
+from worker.queue.publisher import Publisher, connect
 from worker.settings import Settings, get_settings
-from worker.tools import ToolSet
-from worker.transport import Transport
 
 log = structlog.get_logger("toolworker.service")
 # Collector thresholds once the start-up heap is frozen: young collections stay small (a few ms), and a

@@ -7,10 +7,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worker import constants
-from worker.jolt import jolt_transform
-from worker.readers import Document
-from worker.templates import Template, TemplateSyntaxError
-from worker.tools import (
+from worker.definitions.jolt import jolt_transform
+from worker.definitions.model import (
     METHODS,
     Body,
     CircuitPolicy,
@@ -23,7 +21,9 @@ from worker.tools import (
     Transform,
     Upstream,
 )
-from worker.transforms import TransformError, jmespath_transform
+from worker.definitions.readers import Document
+from worker.definitions.templates import Template, TemplateSyntaxError
+from worker.definitions.transforms import TransformError, jmespath_transform
 
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 Scalar = str | int | float | bool
@@ -111,7 +111,9 @@ class NativeReader:
         for index, raw in enumerate(doc.data.get("tools") or []):
             self._read_tool(doc, index, raw, out)
         if doc.data.get("openapi"):
-            from worker.readers.openapi import read_entries  # here: the openapi reader builds on this module
+            from worker.definitions.readers.openapi import (
+                read_entries,  # here: the openapi reader builds on this module
+            )
 
             out.merge(read_entries(doc, set(doc.data.get("upstreams") or {})))
         return out

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import ValidationError
 
-from worker.tools import Problem, Source, ToolSet
+from worker.definitions.model import Problem, Source, ToolSet
 
 try:  # libyaml is several times faster on large specs; fall back to pure Python
     from yaml import CSafeLoader as _Loader
@@ -89,10 +89,10 @@ class DefinitionSyntaxError(ValueError):
 
 def readers() -> Sequence[Reader]:
     """Every known format, most specific first."""
-    from worker.readers.kind_http import KindHttpReader
-    from worker.readers.native import NativeReader
-    from worker.readers.openapi import SpecFileReader
-    from worker.readers.toolbox import ToolboxReader
+    from worker.definitions.readers.kind_http import KindHttpReader
+    from worker.definitions.readers.native import NativeReader
+    from worker.definitions.readers.openapi import SpecFileReader
+    from worker.definitions.readers.toolbox import ToolboxReader
 
     # A bare OpenAPI spec beside the definitions is read through an `openapi:` entry, not on its own.
     return [NativeReader(), KindHttpReader(), SpecFileReader(), ToolboxReader()]

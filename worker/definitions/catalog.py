@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from worker.tools import Tool, ToolSet
+from worker.definitions.model import Tool, ToolSet
 
 JSON = Any
 OPENAI_DESCRIPTION_LIMIT = 1024

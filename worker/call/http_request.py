@@ -14,9 +14,7 @@ from urllib.parse import urlencode
 
 from yarl import URL
 
-from worker.egress import EgressPolicy
-from worker.errors import EgressBlocked, InvalidArguments
-from worker.rendering import (
+from worker.call.rendering import (
     FRAMING_HEADERS,
     HEADER_NAME,
     PreparedRequest,
@@ -27,7 +25,9 @@ from worker.rendering import (
     is_secret_header,
     query_pairs,
 )
-from worker.tools import METHODS
+from worker.definitions.model import METHODS
+from worker.errors import EgressBlocked, InvalidArguments
+from worker.http.egress import EgressPolicy
 
 GENERIC_TOOL_NAME = "http_request"
 GENERIC_TOOL_ALIASES = ("HttpRequestTool",)

@@ -18,9 +18,9 @@ from urllib.parse import quote, quote_plus, urlencode
 from yarl import URL
 
 from worker.constants import REDACTED, SECRET_NAME_PATTERN
+from worker.definitions.model import QUERY_METHODS, Body, Tool, Upstream
+from worker.definitions.templates import Arg, Env, MissingEnv, Template, resolve_env
 from worker.errors import InvalidArguments, MalformedURL, ToolMisconfigured
-from worker.templates import Arg, Env, MissingEnv, Template, resolve_env
-from worker.tools import QUERY_METHODS, Body, Tool, Upstream
 
 _SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.IGNORECASE)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")

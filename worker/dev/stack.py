@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker.embedded import EmbeddedRedis, free_port
+from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.settings import get_settings
 
 DEV_REDIS_PORT = 6390
@@ -39,8 +39,8 @@ def run_dev_stack(flower_port: int = 5555) -> int:
 
 def _start_processes(env: dict[str, str], demo_port: int, flower_port: int) -> dict[str, subprocess.Popen[bytes]]:
     python = sys.executable
-    demo = f"from worker.demo import serve; serve('127.0.0.1', {demo_port})"
-    flower = ["-m", "celery", "-A", "worker.app", "flower", f"--port={flower_port}", "--address=127.0.0.1"]
+    demo = f"from worker.dev.demo import serve; serve('127.0.0.1', {demo_port})"
+    flower = ["-m", "celery", "-A", "worker.queue.app", "flower", f"--port={flower_port}", "--address=127.0.0.1"]
     commands = {
         "demo": [python, "-c", demo],
         "worker": [python, "-m", "worker", "worker", "-n", "dev@%h"],

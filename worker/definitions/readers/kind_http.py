@@ -12,10 +12,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worker import constants
-from worker.readers import Document
-from worker.readers.native import TOOL_NAME_PATTERN
-from worker.templates import Template, TemplateSyntaxError
-from worker.tools import METHODS, RequestTemplate, Source, Tool, ToolSet, Upstream
+from worker.definitions.model import METHODS, RequestTemplate, Source, Tool, ToolSet, Upstream
+from worker.definitions.readers import Document
+from worker.definitions.readers.native import TOOL_NAME_PATTERN
+from worker.definitions.templates import Template, TemplateSyntaxError
 
 UPSTREAM_PREFIX = "http:"
 

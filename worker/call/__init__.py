@@ -1,0 +1,1 @@
+"""One tool call to one envelope: admission, attempts and retries, shaping; a handler per tool kind."""

@@ -1,0 +1,1 @@
+"""Tool definitions: the model, templates, transforms, one reader per format, the stores, the catalog."""

@@ -1,0 +1,1 @@
+"""The local stack of `make run`: an embedded Redis-compatible server and a demo upstream."""

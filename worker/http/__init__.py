@@ -1,0 +1,1 @@
+"""The only place aiohttp lives: the transport, the egress policy, Retry-After."""
