@@ -8,11 +8,7 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
@@ -33,22 +29,9 @@ return 1
 _PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()  # loaded into the server on its first NOSCRIPT
 
 
-def connect(url: str, max_connections: int = 32) -> aioredis.Redis:
-    """A client that rides out a Redis restart (reconnects with backoff for about a minute) and
-    queues for a connection under load instead of failing."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=30,
-        retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.1), retries=20),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError],
-        health_check_interval=30,
-        socket_keepalive=True,
-    )
-    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes its connections
-
-
 class Publisher:
+    """Stores and announces envelopes: the result key, its channel, the done marker, the reply stream."""
+
     def __init__(self, client: aioredis.Redis, ttl_s: int, stream_maxlen: int) -> None:
         self.client = client
         self._ttl_s = ttl_s
