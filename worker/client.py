@@ -27,14 +27,14 @@ from worker.constants import (
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_QUEUE,
     MAX_CALL_TIMEOUT_S,
-    RESULT_KEY_PREFIX,
     TASK_EXECUTE,
     TASK_EXECUTE_BATCH,
 )
 from worker.definitions.shared import read_routes
 from worker.envelope import ToolResult
 from worker.loop import LoopThread
-from worker.protocol import envelope_from_meta, task_message
+from worker.protocol import task_message
+from worker.queue.publisher import stored_envelope
 from worker.settings import get_settings
 
 T = TypeVar("T")
@@ -251,8 +251,7 @@ class AsyncToolClient:
             future.set_result(envelope)
 
     async def _stored(self, call_id: str) -> dict[str, Any] | None:
-        raw = await self._redis.get(RESULT_KEY_PREFIX + call_id)
-        return None if raw is None else envelope_from_meta(raw)
+        return await stored_envelope(self._redis, call_id)
 
     async def _poll_stored(self, call_id: str, timeout: float) -> ToolResult:
         deadline = time.monotonic() + timeout

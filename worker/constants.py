@@ -4,7 +4,9 @@ TASK_EXECUTE = "toolcall.execute"
 TASK_EXECUTE_BATCH = "toolcall.execute_batch"
 DEFAULT_QUEUE = "toolcalls"
 
-# Celery's Redis result backend stores results under this prefix and publishes on the same channel.
+# Celery's Redis result backend stores results under this prefix and publishes on the same channel. The
+# result keys, done markers (worker/queue/publisher.py) and dead letters (worker/queue/dead_letter.py)
+# are each written and read by one module.
 RESULT_KEY_PREFIX = "celery-task-meta-"
 # SET NX on this key before publishing makes result publication exactly-once per callId.
 DONE_KEY_PREFIX = "toolcall:done:"
