@@ -29,10 +29,10 @@ def process_service() -> Service:
     with _lock:
         if _service is None or _service[0] != os.getpid():
             settings = get_settings()
-            bundles = shared.Bundles()
+            bundles = shared.Bundles() if settings.store == "redis" else None
             service = build_service(settings, bundles)
             follower = None
-            if settings.store == "redis":
+            if bundles is not None:
                 follow = shared.follow(
                     service.publisher.client,
                     bundles,

@@ -87,7 +87,7 @@ def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> 
     """The service of a worker process, its definitions loaded (and, for the file store, its routes
     published)."""
     policy = EgressPolicy.parse(settings.egress_allow)
-    version, toolset = _initial_definitions(settings, bundles or shared.Bundles())
+    version, toolset = _initial_definitions(settings, bundles)
     client = connect(settings.redis_url)
     runtime = Runtime(
         toolset=served_toolset(toolset, policy),
@@ -100,7 +100,7 @@ def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> 
     return Service(runtime, publisher, version)
 
 
-def _initial_definitions(settings: Settings, bundles: shared.Bundles) -> tuple[int, ToolSet]:
+def _initial_definitions(settings: Settings, bundles: shared.Bundles | None) -> tuple[int, ToolSet]:
     client = redis.Redis.from_url(settings.redis_url)
     try:
         if settings.store == "file":
@@ -113,7 +113,7 @@ def _initial_definitions(settings: Settings, bundles: shared.Bundles) -> tuple[i
     if payload is None:
         log.warning("definitions.none_published", hint="run `toolworker publish`")
         return 0, ToolSet()
-    version, toolset = bundles.load(payload)
+    version, toolset = (bundles or shared.Bundles()).load(payload)
     return version, _loaded(toolset, f"redis v{version}")
 
 
