@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from worker.connections import RedisUnavailable, check_reachable
 from worker.redaction import mask_url
-from worker.settings import get_settings
+from worker.settings import Settings, get_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,8 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
     except KeyboardInterrupt:
         return 130
-    except _RedisUnreachable as exc:
-        print(f"toolworker: cannot reach Redis at {exc}", file=sys.stderr)
+    except RedisUnavailable as exc:
+        print(f"toolworker: {exc}", file=sys.stderr)
         return 69
     return code
 
@@ -97,8 +98,14 @@ def _parser() -> argparse.ArgumentParser:
 _MAX_RESTARTS = 5
 
 
-class _RedisUnreachable(Exception):
-    pass
+# Set for the processes a supervisor starts, and for a worker restarting itself in place: they retry a
+# Redis that went away (recovery) instead of failing fast as a start with bad settings does.
+_RESTARTS_ENV = "TOOLWORKER_RESTARTS"
+
+
+def _check_redis(settings: Settings) -> None:
+    """Fail fast, saying why, when the settings cannot work (wrong password, nothing listening)."""
+    check_reachable(settings.redis_url, settings.redis_connect_timeout_seconds)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -108,6 +115,10 @@ def _worker(args: argparse.Namespace) -> int:
     configure(settings.log_format, settings.log_level)
     concurrency = args.concurrency or settings.concurrency
     processes = args.processes or settings.processes
+    from worker.queue.supervisor import SUPERVISED_ENV
+
+    if not (os.environ.get(_RESTARTS_ENV) or os.environ.get(SUPERVISED_ENV)):
+        _check_redis(settings)
     if processes > 1:
         from worker.queue.supervisor import supervise
 
@@ -140,13 +151,13 @@ def _worker(args: argparse.Namespace) -> int:
 def _restart_in_place(code: object) -> None:
     """After an unrecoverable broker error (kombu can fail this way when Redis restarts), start afresh
     in the same process, so the worker reconnects by itself and keeps its pid; give up after a few tries."""
-    restarts = int(os.environ.get("TOOLWORKER_RESTARTS", "0"))
+    restarts = int(os.environ.get(_RESTARTS_ENV, "0"))
     if restarts >= _MAX_RESTARTS:
         print(f"toolworker: the worker stopped with {code}; not restarting again", file=sys.stderr)
         return
     print(f"toolworker: the worker stopped with {code}; restarting", file=sys.stderr, flush=True)
     time.sleep(min(30.0, 2.0**restarts))
-    os.environ["TOOLWORKER_RESTARTS"] = str(restarts + 1)
+    os.environ[_RESTARTS_ENV] = str(restarts + 1)
     os.execv(sys.executable, [sys.executable, "-m", "worker", *sys.argv[1:]])
 
 
@@ -164,14 +175,15 @@ def _call(args: argparse.Namespace) -> int:
     arguments = _parse_arguments(args.args, args.arg)
     headers = dict(_split(h, ":", "--header") for h in args.header)
     settings = get_settings()
+    _check_redis(settings)
     try:
         with ToolClient(settings.redis_url) as client:
             if args.no_wait:
                 print(client.submit(args.tool, arguments, headers=headers, timeout=args.timeout).call_id)
                 return 0
             result = client.call(args.tool, arguments, headers=headers, timeout=args.timeout)
-    except RedisConnectionError:
-        raise _RedisUnreachable(mask_url(settings.redis_url)) from None
+    except RedisConnectionError as exc:  # Redis went away after the check
+        raise RedisUnavailable(f"lost Redis at {mask_url(settings.redis_url)}: {exc}") from None
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     return result.exit_code
 
@@ -290,11 +302,12 @@ def _publish(args: argparse.Namespace) -> int:
     settings = get_settings()
     paths = args.paths or [settings.definitions]
     _progress(f"checking {len(store.definition_files(paths))} definitions files")
+    _check_redis(settings)
     client = redis.Redis.from_url(settings.redis_url)
     try:
         version, toolset = shared.publish(client, paths)
-    except redis.ConnectionError:
-        raise _RedisUnreachable(mask_url(settings.redis_url)) from None
+    except redis.ConnectionError as exc:  # Redis went away after the check
+        raise RedisUnavailable(f"lost Redis at {mask_url(settings.redis_url)}: {exc}") from None
     finally:
         client.close()
     for problem in toolset.problems:

@@ -14,6 +14,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOOLWORKER_", extra="ignore")
 
     redis_url: str = "redis://localhost:6379/0"
+    # How long a command that starts (worker, call, publish) waits for Redis before it says why it cannot.
+    redis_connect_timeout_seconds: float = Field(5.0, gt=0)
     definitions: Path = Path("definitions")
     # "file": read `definitions` at start; "redis": serve what `toolworker publish` put in Redis, live.
     store: Literal["file", "redis"] = "file"

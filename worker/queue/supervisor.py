@@ -24,6 +24,8 @@ import structlog
 
 from worker.metrics import MULTIPROC_DIR_ENV, process_exited, start_metrics_server
 
+SUPERVISED_ENV = "TOOLWORKER_SUPERVISED"
+
 log = structlog.get_logger("toolworker.supervisor")
 _EARLY_EXIT_S = 10.0
 _POLL_S = 0.2
@@ -70,7 +72,9 @@ class Supervisor:
     def __init__(self, child_argv: list[str], hostname: str | None) -> None:
         self.child_argv = child_argv
         self.hostname = hostname
-        self.env = os.environ | {"TOOLWORKER_METRICS_PORT": "0"}  # the supervisor serves them all
+        # The supervisor serves the metrics of all; it checked Redis, so a child started again during an
+        # outage waits for Redis as a restarting worker does, instead of failing fast.
+        self.env = os.environ | {"TOOLWORKER_METRICS_PORT": "0", SUPERVISED_ENV: "1"}
         self.children: dict[int, Child] = {}
         self.stopping: int | None = None  # the signal forwarded to stop
         self.code = 0
