@@ -1,0 +1,143 @@
+"""`toolworker gateway`: the HTTP gateway, one ASGI application on uvicorn.
+
+    /mcp            MCP over Streamable HTTP (the `mcp` SDK, stateless: any process answers any request)
+    /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
+    /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi.py)
+    /healthz        ready when a worker answers; /metrics
+
+The process keeps no state of its own between requests: calls wait on the queue and their envelopes in
+Redis, so any number of gateway processes can run behind a load balancer, and one can die and restart.
+Every request passes the Guard (security.py) first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from worker.gateway import openapi, version
+from worker.gateway.calls import Calls, open_calls
+from worker.gateway.mcp import McpFront, Mode
+from worker.gateway.rest import Rest, error
+from worker.gateway.security import Guard, is_loopback, origins
+from worker.gateway.toolserver import ToolServer
+from worker.settings import Settings
+
+log = structlog.get_logger("toolworker.gateway")
+
+
+@dataclass
+class Options:
+    tags: Sequence[str] = ()
+    mode: Mode = "all"
+
+
+class _Late:
+    """What is built when the app starts (the Redis clients, the catalog), reached by the routes."""
+
+    calls: Calls
+    mcp: StreamableHTTPSessionManager
+
+
+def create_app(settings: Settings, options: Options) -> Starlette:
+    late = _Late()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_calls(settings, options.tags) as calls:
+            front = McpFront(calls, options.mode, settings.gateway_page_size, settings.gateway_call_timeout_seconds)
+            late.calls = calls
+            late.mcp = StreamableHTTPSessionManager(
+                front.server(),
+                stateless=True,
+                # The Guard checks Origin (and tokens); a Host check would refuse a load balancer's names.
+                security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+                max_request_body_size=settings.gateway_max_body_bytes,
+            )
+            for route in _routes(calls, settings):
+                app.router.routes.append(route)
+            async with late.mcp.run():
+                yield
+
+    async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+        await late.mcp.handle_request(scope, receive, send)
+
+    async def openapi_document(request: Request) -> Response:
+        return JSONResponse(openapi.document(str(request.base_url).rstrip("/"), version()))
+
+    app = Starlette(
+        routes=[
+            Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
+            Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+        exception_handlers={404: _not_found, 405: _not_allowed},
+    )
+    tokens = settings.gateway_token_list
+    return Guard(app, tokens, origins(settings.gateway_allowed_origins), settings.gateway_max_body_bytes)  # type: ignore[return-value]
+
+
+def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:
+    timeout_s = settings.gateway_call_timeout_seconds
+    yield from Rest(calls, timeout_s).routes()
+    yield from ToolServer(calls, timeout_s, version()).routes()
+
+
+async def _not_found(request: Request, exc: Any) -> Response:
+    return error(404, "not_found", "No such route.")
+
+
+async def _not_allowed(request: Request, exc: Any) -> Response:
+    return error(405, "method_not_allowed", "This route does not take that method.")
+
+
+def bind_host(settings: Settings, host: str | None) -> str:
+    """The address to listen on: without tokens, loopback only, whatever was asked."""
+    wanted = host or settings.gateway_host
+    if settings.gateway_token_list or is_loopback(wanted):
+        return wanted
+    log.warning(
+        "gateway.loopback_only",
+        asked=wanted,
+        reason="TOOLWORKER_GATEWAY_TOKENS is empty: without tokens the gateway serves 127.0.0.1 only",
+    )
+    return "127.0.0.1"
+
+
+def serve(settings: Settings, options: Options, host: str | None = None, port: int | None = None) -> int:
+    import uvicorn
+
+    address = bind_host(settings, host)
+    chosen_port = settings.gateway_port if port is None else port
+    auth = "bearer tokens" if settings.gateway_token_list else "no tokens (loopback only)"
+    print(
+        f"toolworker gateway on http://{address}:{chosen_port} (MCP at /mcp, ToolServer at /toolserver, "
+        f"REST at /v1; {auth}; mode {options.mode}"
+        + (f"; tags {', '.join(options.tags)}" if options.tags else "")
+        + ")",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(
+        create_app(settings, options),
+        host=address,
+        port=chosen_port,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(config).run()
+    return 0

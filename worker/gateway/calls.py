@@ -1,0 +1,161 @@
+"""Calls through the queue, as every front end of the gateway makes them.
+
+A call is enqueued with the project's own `AsyncToolClient` and answered from its envelope; the gateway
+never speaks HTTP to an upstream. Each callId is claimed in Redis (`SET NX`, with a fingerprint of the
+tool and arguments) before it is enqueued, so that a client sending the same callId again - after a
+lost response, or to another gateway process after this one died - is answered from the first call
+(its stored envelope) instead of running it twice; the same callId with other arguments is a conflict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from worker.client import AsyncToolClient
+from worker.constants import GATEWAY_CALL_KEY_PREFIX
+from worker.definitions.model import Tool
+from worker.envelope import ToolResult
+from worker.gateway.catalog import Catalog
+from worker.gateway.headers import forwarded
+from worker.gateway.health import FleetHealth
+from worker.gateway.withdraw import withdraw
+from worker.settings import Settings
+
+MAX_CALL_ID_CHARS = 256
+
+
+class UnknownTool(LookupError):
+    """The gateway offers no tool of this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"There is no tool named {name!r}.")
+        self.name = name
+
+
+class CallIdConflict(ValueError):
+    """A callId already names a call with another tool or other arguments."""
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One call as a front end asks for it; `headers` are the client's own, filtered on submission."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+    call_id: str | None = None
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Submitted:
+    call_id: str
+    tool: Tool
+    # False when the callId was known: the call was not enqueued again.
+    enqueued: bool
+
+
+class Calls:
+    def __init__(
+        self, client: AsyncToolClient, redis: aioredis.Redis, catalog: Catalog, health: FleetHealth, claim_ttl_s: int
+    ) -> None:
+        self.client = client
+        self.catalog = catalog
+        self.health = health
+        self._redis = redis
+        self._claim_ttl_s = claim_ttl_s
+
+    def resolve(self, name: str) -> Tool:
+        tool = self.catalog.snapshot.tool(name)
+        if tool is None:
+            raise UnknownTool(name)
+        return tool
+
+    async def submit(self, spec: CallSpec) -> Submitted:
+        """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
+        FleetUnavailable."""
+        tool = self.resolve(spec.tool)
+        await self.health.admit()
+        call_id = spec.call_id or str(uuid.uuid4())
+        if not await self._claim(call_id, spec):
+            return Submitted(call_id, tool, enqueued=False)
+        headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
+        call = (spec.tool, dict(spec.arguments), headers)
+        try:
+            await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id])
+        except BaseException:  # not enqueued: the same callId may be sent again
+            await self._redis.delete(GATEWAY_CALL_KEY_PREFIX + call_id)
+            raise
+        return Submitted(call_id, tool, enqueued=True)
+
+    async def wait(self, call_id: str, timeout_s: float) -> ToolResult | None:
+        """The call's envelope, or None when it does not come within `timeout_s`."""
+        try:
+            return await self.client.result(call_id, timeout_s)
+        except TimeoutError:
+            return None
+
+    async def run(self, spec: CallSpec, wait_s: float | None = None) -> tuple[Submitted, ToolResult | None]:
+        submitted = await self.submit(spec)
+        return submitted, await self.wait(submitted.call_id, spec.timeout_s if wait_s is None else wait_s)
+
+    async def tool_of(self, call_id: str) -> str | None:
+        """The tool of a call the gateway enqueued (within the result TTL), else None."""
+        claim = await self._redis.get(GATEWAY_CALL_KEY_PREFIX + call_id)
+        return None if claim is None else claim.decode().partition(" ")[2]
+
+    async def withdraw(self, call_id: str, tool: str) -> bool:
+        """Take a call that has not started off the queue; its callId is free again afterwards."""
+        if not await withdraw(self._redis, tool, call_id):
+            return False
+        await self._redis.delete(GATEWAY_CALL_KEY_PREFIX + call_id)
+        return True
+
+    async def _claim(self, call_id: str, spec: CallSpec) -> bool:
+        """True when this callId is new (and now claimed); raises CallIdConflict for another call's id."""
+        key = GATEWAY_CALL_KEY_PREFIX + call_id
+        mark = f"{fingerprint(spec.tool, spec.arguments)} {spec.tool}"
+        if await self._redis.set(key, mark, nx=True, ex=self._claim_ttl_s):
+            return True
+        existing = await self._redis.get(key)
+        if existing is not None and existing.decode() != mark:
+            raise CallIdConflict(f"The callId {call_id!r} already names a call with another tool or other arguments.")
+        return False
+
+
+@asynccontextmanager
+async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncIterator[Calls]:
+    """The gateway's calls on `settings.redis_url`, with its catalog loaded (and followed)."""
+    client = AsyncToolClient(settings.redis_url)
+    redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    catalog = Catalog(settings, tags)
+    try:
+        await catalog.start(redis)
+        yield Calls(client, redis, catalog, FleetHealth(settings.redis_url), settings.result_ttl_seconds)
+    finally:
+        await catalog.close()
+        await client.aclose()
+        await redis.aclose()
+
+
+def fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:
+    """What makes two calls the same call (headers are left out: they hold secrets, and vary by session)."""
+    text = json.dumps([tool, arguments], sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def check_call_id(call_id: object) -> str | None:
+    """A client-given callId, if usable (a non-empty string of at most 256 characters)."""
+    if call_id is None:
+        return None
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID_CHARS:
+        raise ValueError(f"callId must be a string of 1 to {MAX_CALL_ID_CHARS} characters")
+    return call_id
