@@ -10,7 +10,8 @@ import pytest
 from tests.conftest import WorkerProcess
 from tests.servers import closed_port
 from worker.dev.embedded import EmbeddedRedis
-from worker.queue.health import check, safe_url
+from worker.queue.health import check
+from worker.redaction import mask_url
 
 pytestmark = pytest.mark.integration
 
@@ -87,8 +88,8 @@ def test_wrong_urls_are_one_line(url: str, start: str) -> None:
 
 def test_safe_url_masks_every_password() -> None:
     """Passwords are masked, also in a `;`-separated Sentinel list; a URL without one is unchanged."""
-    assert safe_url("redis://user:pw@h:6379/0") == "redis://user:***@h:6379/0"
+    assert mask_url("redis://user:pw@h:6379/0") == "redis://user:***@h:6379/0"
     assert (
-        safe_url("sentinel://:a@h1:26379;sentinel://:b@h2:26379") == "sentinel://:***@h1:26379;sentinel://:***@h2:26379"
+        mask_url("sentinel://:a@h1:26379;sentinel://:b@h2:26379") == "sentinel://:***@h1:26379;sentinel://:***@h2:26379"
     )
-    assert safe_url("redis://h:6379/0") == "redis://h:6379/0"
+    assert mask_url("redis://h:6379/0") == "redis://h:6379/0"

@@ -191,6 +191,19 @@ def test_malformed_messages_get_envelopes(worker: WorkerProcess) -> None:
     assert all(res.call_id == task_id for res, task_id in zip(results, ids, strict=True))
 
 
+def test_an_invalid_call_is_answered_on_its_reply_stream(worker: WorkerProcess) -> None:
+    """A call that fails validation (arguments not an object) gets its 65 envelope on its replyTo stream too."""
+    r = redis.Redis.from_url(worker.redis_url)
+    call_id, stream = str(uuid.uuid4()), f"test:replies:{uuid.uuid4().hex}"
+    call = {"callId": call_id, "tool": "echo_get", "arguments": "not an object", "replyTo": stream}
+    r.lpush(DEFAULT_QUEUE, task_message(call_id, [call], DEFAULT_QUEUE, TASK_EXECUTE))
+    entries = r.xread({stream: "0-0"}, block=30_000, count=1)
+    assert entries, "no envelope on the reply stream"
+    envelope = json.loads(entries[0][1][0][1][b"envelope"])
+    assert envelope["callId"] == call_id and envelope["exitCode"] == 65
+    assert "arguments" in envelope["error"]["message"]
+
+
 def test_batch_message(client: ToolClient) -> None:
     """call_many sends one batch message; each call gets its own envelope, in order."""
     results = client.call_many([("echo_get", {"item": f"b{i}"}) for i in range(5)] + [("status", {"code": 404})])

@@ -14,9 +14,11 @@ import redis.asyncio as aioredis
 
 from worker import errors
 from worker.call.ratelimit import _reserve, acquire
+from worker.constants import RATE_LIMIT_KEY_PREFIX
 from worker.dev.embedded import EmbeddedRedis
 
-KEY = "toolworker:ratelimit:test"
+NAME = "test"
+KEY = RATE_LIMIT_KEY_PREFIX + NAME
 # Slack for the real time that passes between two calls of one test.
 SLACK_US = 50_000
 
@@ -58,24 +60,24 @@ async def test_acquire_within_burst_does_not_wait(fake: aioredis.Redis) -> None:
     """Calls inside the burst return at once."""
     started = time.perf_counter()
     for _ in range(5):
-        await acquire(fake, KEY, rate_per_s=1, burst=5, deadline=math.inf)
+        await acquire(fake, NAME, rate_per_s=1, burst=5, deadline=math.inf)
     assert time.perf_counter() - started < 0.5
 
 
 async def test_acquire_sleeps_for_its_slot(fake: aioredis.Redis) -> None:
     """A call past the burst sleeps until its slot comes."""
-    await acquire(fake, KEY, rate_per_s=5, burst=1, deadline=math.inf)
+    await acquire(fake, NAME, rate_per_s=5, burst=1, deadline=math.inf)
     started = time.perf_counter()
-    await acquire(fake, KEY, rate_per_s=5, burst=1, deadline=time.time() + 10)
+    await acquire(fake, NAME, rate_per_s=5, burst=1, deadline=time.time() + 10)
     assert 0.15 <= time.perf_counter() - started < 1.0
 
 
 async def test_wait_past_deadline_raises_and_reserves_nothing(fake: aioredis.Redis) -> None:
     """A wait that would pass the deadline is exit 75 at once, and the refused call takes no slot."""
-    await acquire(fake, KEY, rate_per_s=1, burst=1, deadline=math.inf)
+    await acquire(fake, NAME, rate_per_s=1, burst=1, deadline=math.inf)
     started = time.perf_counter()
     with pytest.raises(errors.DeadlineExceeded) as info:
-        await acquire(fake, KEY, rate_per_s=1, burst=1, deadline=time.time() + 0.5)
+        await acquire(fake, NAME, rate_per_s=1, burst=1, deadline=time.time() + 0.5)
     assert time.perf_counter() - started < 0.3
     assert info.value.exit_code == 75
     assert "rate limit" in info.value.message and "deadline" in info.value.message
@@ -87,13 +89,13 @@ async def test_wait_past_deadline_raises_and_reserves_nothing(fake: aioredis.Red
 async def test_passed_deadline_raises_even_when_free(fake: aioredis.Redis) -> None:
     """A call whose deadline has passed is refused without touching the limit."""
     with pytest.raises(errors.DeadlineExceeded, match="deadline passed"):
-        await acquire(fake, KEY, rate_per_s=100, burst=10, deadline=time.time() - 1)
+        await acquire(fake, NAME, rate_per_s=100, burst=10, deadline=time.time() - 1)
     assert await fake.exists(KEY) == 0
 
 
 async def test_state_expires_when_idle(fake: aioredis.Redis) -> None:
     """The key lives only as long as it matters (until its TAT), so idle limits cost nothing."""
-    await acquire(fake, KEY, rate_per_s=2, burst=1, deadline=math.inf)
+    await acquire(fake, NAME, rate_per_s=2, burst=1, deadline=math.inf)
     ttl_ms = await fake.pttl(KEY)
     assert 0 < ttl_ms <= 502
 
@@ -104,25 +106,25 @@ async def test_limit_is_shared_by_clients_of_one_server(
     """Two clients (two workers) draw from the same limit."""
     other = fakeredis.FakeAsyncRedis(server=fake_server)
     try:
-        await acquire(fake, KEY, rate_per_s=1, burst=1, deadline=math.inf)
+        await acquire(fake, NAME, rate_per_s=1, burst=1, deadline=math.inf)
         with pytest.raises(errors.DeadlineExceeded):
-            await acquire(other, KEY, rate_per_s=1, burst=1, deadline=time.time() + 0.5)
+            await acquire(other, NAME, rate_per_s=1, burst=1, deadline=time.time() + 0.5)
     finally:
         await other.aclose()
 
 
 async def test_script_cache_flushed(fake: aioredis.Redis) -> None:
     """After SCRIPT FLUSH (or a server restart) the script is loaded again by itself."""
-    await acquire(fake, KEY, rate_per_s=100, burst=5, deadline=math.inf)
+    await acquire(fake, NAME, rate_per_s=100, burst=5, deadline=math.inf)
     await fake.script_flush()
-    await acquire(fake, KEY, rate_per_s=100, burst=5, deadline=math.inf)
+    await acquire(fake, NAME, rate_per_s=100, burst=5, deadline=math.inf)
 
 
 @pytest.mark.parametrize(("rate_per_s", "burst"), [(0, 1), (-1, 1), (1, 0)])
 async def test_invalid_limit(fake: aioredis.Redis, rate_per_s: float, burst: int) -> None:
     """A rate that is not positive or a burst under 1 is refused."""
     with pytest.raises(ValueError):
-        await acquire(fake, KEY, rate_per_s, burst, math.inf)
+        await acquire(fake, NAME, rate_per_s, burst, math.inf)
 
 
 @pytest.fixture(scope="module")
@@ -136,13 +138,14 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRe
 async def test_real_server_spaces_concurrent_callers(real_server: EmbeddedRedis) -> None:
     """Against a real server (its Lua 5.1), 30 concurrent callers on two clients go out at the limit's pace."""
     clients = [aioredis.Redis.from_url(real_server.url) for _ in range(2)]
-    key = f"{KEY}:real"
+    name = f"{NAME}:real"
+    key = RATE_LIMIT_KEY_PREFIX + name
     rate_per_s, burst = 50.0, 10
     try:
         started = time.monotonic()
 
         async def one(index: int) -> float:
-            await acquire(clients[index % 2], key, rate_per_s, burst, deadline=time.time() + 10)
+            await acquire(clients[index % 2], name, rate_per_s, burst, deadline=time.time() + 10)
             return time.monotonic() - started
 
         done_at = sorted(await asyncio.gather(*(one(i) for i in range(30))))

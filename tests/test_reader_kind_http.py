@@ -93,7 +93,7 @@ def test_defaults(tmp_path: Path) -> None:
     toolset = load([write(tmp_path, http_tool())], {})
     upstream = toolset.upstreams["http:t"]
     assert toolset.tools["t"].request.method == "POST"
-    assert upstream.timeout_s == constants.DEFAULT_TIMEOUT_S == 10
+    assert upstream.timeout_s == constants.DEFAULT_UPSTREAM_TIMEOUT_S == 10
     assert upstream.max_output_chars == constants.DEFAULT_MAX_OUTPUT_CHARS == 16000
 
 

@@ -1,4 +1,4 @@
-"""Request rendering (SPEC §2.1 placement rules, §6 secrets): a pure function from definition and arguments."""
+"""Request rendering (placement rules, secrets): a pure function from definition and arguments."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from yarl import URL
 
-from worker.call.rendering import PreparedRequest, redact, render
-from worker.call.run import validate_arguments
+from worker.call.admission import validate_arguments
+from worker.call.rendering import render
 from worker.constants import REDACTED
 from worker.definitions.model import Source, Tool, Upstream
-from worker.definitions.readers.native import ToolModel, UpstreamModel, build_tool, build_upstream
+from worker.definitions.readers.native import ToolModel, build_tool
+from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
 from worker.errors import InvalidArguments, ToolMisconfigured
+from worker.http.transport import PreparedRequest
+from worker.redaction import redact
 
 BASE = "https://api.example.com/v1"
 TOKEN = "env-token-0123456789"
@@ -536,7 +539,7 @@ def test_arguments_never_change_origin_or_header_names(origin: str, method: str,
 
 def test_call_header_count_and_size_are_capped() -> None:
     """More than 64 call headers, or a header value over 8 KiB, is an argument error (65)."""
-    from worker.call.rendering import MAX_HEADER_VALUE_CHARS, MAX_HEADERS, check_header_count, checked_header_value
+    from worker.call.headers import MAX_HEADER_VALUE_CHARS, MAX_HEADERS, check_header_count, checked_header_value
 
     with pytest.raises(InvalidArguments, match="Too many headers"):
         check_header_count({f"X-H{i}": "v" for i in range(MAX_HEADERS + 1)})

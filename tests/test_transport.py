@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
 import socket
@@ -15,12 +16,11 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from worker import errors
-from worker.call.rendering import PreparedRequest
 from worker.definitions.model import Upstream
 from worker.definitions.templates import Template
 from worker.http import transport as transport_module
 from worker.http.egress import EgressPolicy
-from worker.http.transport import Limits, Response, Transport
+from worker.http.transport import EGRESS_POOL_CONNECTIONS, HttpTransport, Limits, PreparedRequest, Response
 
 LIMITS = Limits(max_bytes=1024 * 1024, connect_timeout_s=5)
 SECRET_HEADERS = {"Authorization": "Bearer sekrit-1", "X-Api-Key": "sekrit-2"}
@@ -125,9 +125,9 @@ class Site:
 
 
 @pytest.fixture
-async def transport() -> AsyncIterator[Transport]:
+async def transport() -> AsyncIterator[HttpTransport]:
     # Hops that leave the request's own origin go through the egress-checked pool: allow the loopback tests.
-    transport = Transport(EgressPolicy.parse("127.0.0.1"))
+    transport = HttpTransport(EgressPolicy.parse("127.0.0.1"))
     yield transport
     await transport.close()
 
@@ -181,7 +181,7 @@ def refused_url() -> Iterator[str]:
 
 
 async def send(
-    transport: Transport,
+    transport: HttpTransport,
     req: PreparedRequest,
     limits: Limits = LIMITS,
     check: Callable[[URL], None] = allow,
@@ -192,7 +192,7 @@ async def send(
 # --- redirects ---------------------------------------------------------------------------------
 
 
-async def test_five_redirects_are_followed(transport: Transport, site: Site) -> None:
+async def test_five_redirects_are_followed(transport: HttpTransport, site: Site) -> None:
     """Up to five redirects are followed to the final answer."""
     response = await send(transport, request("GET", site.url("/r/5")))
     assert response.status == 200 and response.body == b"done" and response.complete
@@ -200,7 +200,7 @@ async def test_five_redirects_are_followed(transport: Transport, site: Site) -> 
     assert len(site.hits) == 6
 
 
-async def test_sixth_redirect_is_too_many(transport: Transport, site: Site) -> None:
+async def test_sixth_redirect_is_too_many(transport: HttpTransport, site: Site) -> None:
     """A sixth redirect ends the call with TooManyRedirects (exit 47)."""
     with pytest.raises(errors.TooManyRedirects) as info:
         await send(transport, request("GET", site.url("/r/6")))
@@ -208,7 +208,7 @@ async def test_sixth_redirect_is_too_many(transport: Transport, site: Site) -> N
     assert "/r/0" not in site.hits
 
 
-async def test_303_turns_post_into_get_without_body(transport: Transport, site: Site) -> None:
+async def test_303_turns_post_into_get_without_body(transport: HttpTransport, site: Site) -> None:
     """A 303 after a POST is followed with a GET that has no body."""
     target = site.url("/redirect-to") + "?status=303&url=/echo"
     req = request("POST", target, {"Content-Type": "application/json"}, b'{"a": 1}')
@@ -219,7 +219,7 @@ async def test_303_turns_post_into_get_without_body(transport: Transport, site: 
     assert echoed["headers"].get("Content-Length", "0") == "0"
 
 
-async def test_307_keeps_method_and_body(transport: Transport, site: Site) -> None:
+async def test_307_keeps_method_and_body(transport: HttpTransport, site: Site) -> None:
     """A 307 is followed with the same method and body."""
     target = site.url("/redirect-to") + "?status=307&url=/echo"
     response = await send(transport, request("POST", target, {"Content-Type": "application/json"}, b'{"a": 1}'))
@@ -227,14 +227,14 @@ async def test_307_keeps_method_and_body(transport: Transport, site: Site) -> No
     assert echoed["method"] == "POST" and echoed["body"] == '{"a": 1}'
 
 
-async def test_same_origin_redirect_keeps_credentials(transport: Transport, site: Site) -> None:
+async def test_same_origin_redirect_keeps_credentials(transport: HttpTransport, site: Site) -> None:
     """A redirect within the same origin keeps the Authorization header."""
     target = site.url("/redirect-to") + "?url=/echo"
     response = await send(transport, request("GET", target, SECRET_HEADERS))
     assert json.loads(response.body)["headers"]["Authorization"] == "Bearer sekrit-1"
 
 
-async def test_cross_origin_redirect_drops_credentials(transport: Transport, site: Site, other_site: Site) -> None:
+async def test_cross_origin_redirect_drops_credentials(transport: HttpTransport, site: Site, other_site: Site) -> None:
     """A redirect to another origin (another port) drops Authorization and other secret headers."""
     checked: list[URL] = []
     target = str(URL(site.url("/redirect-to")).with_query(url=other_site.url("/echo")))
@@ -248,7 +248,7 @@ async def test_cross_origin_redirect_drops_credentials(transport: Transport, sit
     assert other_site.hits == ["/echo"]
 
 
-async def test_refused_redirect_stops_the_chain(transport: Transport, site: Site, other_site: Site) -> None:
+async def test_refused_redirect_stops_the_chain(transport: HttpTransport, site: Site, other_site: Site) -> None:
     """A redirect check that raises stops the chain before the next hop is requested."""
 
     def refuse(target: URL) -> None:
@@ -267,7 +267,9 @@ async def test_refused_redirect_stops_the_chain(transport: Transport, site: Site
     ("size", "cap", "complete"),
     [(1000, 999, False), (1000, 1000, True), (1000, 1001, True), (200_000, 100_000, False), (0, 1, True)],
 )
-async def test_body_capped_at_max_bytes(transport: Transport, site: Site, size: int, cap: int, complete: bool) -> None:
+async def test_body_capped_at_max_bytes(
+    transport: HttpTransport, site: Site, size: int, cap: int, complete: bool
+) -> None:
     """At most max_bytes are read; `complete` says whether the whole body fit."""
     response = await send(transport, request("GET", site.url(f"/bytes/{size}")), Limits(cap, 5))
     assert response.body == b"x" * min(size, cap)
@@ -284,7 +286,7 @@ async def test_body_capped_at_max_bytes(transport: Transport, site: Site, size: 
     ],
 )
 async def test_a_small_rest_of_a_capped_body_is_drained_and_the_connection_kept(
-    transport: Transport, site: Site, path: str, kept: bool
+    transport: HttpTransport, site: Site, path: str, kept: bool
 ) -> None:
     """Past the cap, up to 1 MiB more is read and dropped so that the next call reuses the connection;
     a larger rest (by its Content-Length, or as it streams) drops the connection."""
@@ -298,7 +300,7 @@ async def test_a_small_rest_of_a_capped_body_is_drained_and_the_connection_kept(
 
 
 async def test_a_capped_call_does_not_wait_for_the_rest_of_its_body(
-    transport: Transport, raw_server: Callable[[StreamHandler], Awaitable[str]], monkeypatch: pytest.MonkeyPatch
+    transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The capped answer returns at once; the rest of the body is drained (or not) on its own time, so a
     call never times out there. The upstream here stalls after the first chunk."""
@@ -320,7 +322,9 @@ async def test_a_capped_call_does_not_wait_for_the_rest_of_its_body(
 
 
 @pytest.mark.parametrize("body", [0, 300_000])
-async def test_a_redirect_body_is_drained_and_the_connection_kept(transport: Transport, site: Site, body: int) -> None:
+async def test_a_redirect_body_is_drained_and_the_connection_kept(
+    transport: HttpTransport, site: Site, body: int
+) -> None:
     """A redirect's own body is read and dropped so that the connection serves the next call."""
     response = await send(transport, request("GET", site.url(f"/redirect-to?url=/bytes/10&body={body}")))
     assert response.body == b"x" * 10
@@ -332,7 +336,7 @@ async def test_a_redirect_body_is_drained_and_the_connection_kept(transport: Tra
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 @pytest.mark.parametrize(("cap", "complete"), [(4999, False), (5000, True), (1000, False)])
 async def test_compressed_body_is_decoded_and_counted_decompressed(
-    transport: Transport, site: Site, encoding: str, cap: int, complete: bool
+    transport: HttpTransport, site: Site, encoding: str, cap: int, complete: bool
 ) -> None:
     """gzip and deflate bodies are decoded, and the cap counts decompressed bytes."""
     response = await send(transport, request("GET", site.url(f"/{encoding}/5000")), Limits(cap, 5))
@@ -340,7 +344,7 @@ async def test_compressed_body_is_decoded_and_counted_decompressed(
     assert response.complete is complete
 
 
-async def test_response_metadata(transport: Transport, site: Site) -> None:
+async def test_response_metadata(transport: HttpTransport, site: Site) -> None:
     """The response carries status, reason, content type and charset."""
     response = await send(transport, request("GET", site.url("/latin1")))
     assert (response.status, response.reason) == (200, "OK")
@@ -353,7 +357,7 @@ async def test_response_metadata(transport: Transport, site: Site) -> None:
 
 
 async def test_close_without_response_is_empty_response(
-    transport: Transport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+    transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]]
 ) -> None:
     """A server that closes the connection without answering is EmptyResponse (exit 52)."""
 
@@ -369,7 +373,7 @@ async def test_close_without_response_is_empty_response(
 
 
 async def test_connection_lost_mid_body_is_receive_failed(
-    transport: Transport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+    transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]]
 ) -> None:
     """A connection that breaks before the declared Content-Length arrived is ReceiveFailed (exit 56)."""
 
@@ -386,7 +390,7 @@ async def test_connection_lost_mid_body_is_receive_failed(
     assert info.value.exit_code == 56
 
 
-async def test_nothing_listening_is_connect_failed(transport: Transport, refused_url: str) -> None:
+async def test_nothing_listening_is_connect_failed(transport: HttpTransport, refused_url: str) -> None:
     """A refused connection is ConnectFailed (exit 7)."""
     with pytest.raises(errors.ConnectFailed) as info:
         await send(transport, request("GET", refused_url + "/x"))
@@ -396,7 +400,7 @@ async def test_nothing_listening_is_connect_failed(transport: Transport, refused
 # --- isolation between calls ---------------------------------------------------------------------
 
 
-async def test_cookies_are_not_carried_between_requests(transport: Transport, site: Site) -> None:
+async def test_cookies_are_not_carried_between_requests(transport: HttpTransport, site: Site) -> None:
     """A cookie set by one response is not sent with the next request on the same pool."""
     first = await send(transport, request("GET", site.url("/set-cookie")))
     assert first.status == 200
@@ -404,9 +408,31 @@ async def test_cookies_are_not_carried_between_requests(transport: Transport, si
     assert "Cookie" not in json.loads(second.body)["headers"]
 
 
-async def test_close_then_send_opens_a_new_session(transport: Transport, site: Site) -> None:
+async def test_close_then_send_opens_a_new_session(transport: HttpTransport, site: Site) -> None:
     """After close, the transport can still send (a new pool is opened)."""
     await send(transport, request("GET", site.url("/bytes/3")))
     await transport.close()
     response = await send(transport, request("GET", site.url("/bytes/3")))
     assert response.body == b"xxx"
+
+
+async def test_changed_pool_settings_get_a_pool_of_their_own(transport: HttpTransport, site: Site) -> None:
+    """A new definitions set that changes an upstream's max_concurrency or verify_tls gets a new pool; the
+    old one is closed once retired."""
+    first = dataclasses.replace(upstream_for(site.url("")), max_concurrency=5, timeout_s=0.05)
+    old = transport.session(first, checked=False)
+    assert old.connector is not None and old.connector.limit == 5
+    second = dataclasses.replace(first, max_concurrency=7)
+    new = transport.session(second, checked=False)
+    assert new is not old and new.connector is not None and new.connector.limit == 7
+    transport.retire([second])
+    await transport.drained()
+    assert old.closed and not new.closed
+    assert transport.session(dataclasses.replace(second, verify_tls=False), checked=False) is not new
+
+
+async def test_the_egress_pool_is_not_sized_by_its_first_user(transport: HttpTransport, site: Site) -> None:
+    """The egress-checked pool serves many upstreams: its size is its own, whoever opens it first."""
+    narrow = dataclasses.replace(upstream_for(site.url("")), max_concurrency=1)
+    checked = transport.session(narrow, checked=True)
+    assert checked.connector is not None and checked.connector.limit == EGRESS_POOL_CONNECTIONS

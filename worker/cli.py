@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from worker.redaction import mask_url
 from worker.settings import get_settings
 
 
@@ -33,7 +34,13 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="run a worker (extra arguments go to `celery worker`)")
     worker.add_argument("-c", "--concurrency", type=int, help="pool size (TOOLWORKER_CONCURRENCY)")
-    worker.add_argument("-P", "--pool", choices=["threads", "prefork", "solo"], default="threads")
+    worker.add_argument(
+        "-P",
+        "--pool",
+        choices=["threads", "prefork", "solo"],
+        default="threads",
+        help="threads: calls on the event loop",
+    )
     worker.add_argument("-Q", "--queues", help="comma-separated queues to consume (default: toolcalls)")
     worker.add_argument("-n", "--hostname", help="worker node name")
     worker.add_argument("--processes", type=int, help="worker processes, one core each (TOOLWORKER_PROCESSES)")
@@ -119,7 +126,10 @@ def _worker(args: argparse.Namespace) -> int:
         return supervise(child, processes, args.hostname, settings.metrics_port)
     from worker.queue.app import app
 
-    argv = ["worker", "-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel]
+    argv = ["worker", "-c", str(concurrency), "--loglevel", args.loglevel]
+    if args.pool != "threads":  # threads: the app's own pool (worker_pool), calls on the event loop
+        app.conf.worker_pool = args.pool  # Celery would take the app's pool for `-P prefork` otherwise
+        argv += ["-P", args.pool]
     # Workers need neither gossip nor mingle (no elections, no shared revokes): both only add broker
     # traffic, a second of start-up, and reconnect paths of their own.
     argv += ["-Q", args.queues or "toolcalls", "--without-gossip", "--without-mingle"]
@@ -171,7 +181,7 @@ def _call(args: argparse.Namespace) -> int:
                 return 0
             result = client.call(args.tool, arguments, headers=headers, timeout=args.timeout)
     except RedisConnectionError:
-        raise _RedisUnreachable(_safe_url(settings.redis_url)) from None
+        raise _RedisUnreachable(mask_url(settings.redis_url)) from None
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     return result.exit_code
 
@@ -200,23 +210,16 @@ def _progress(text: str) -> None:
     print(f"toolworker: {text}...", file=sys.stderr, flush=True)
 
 
-def _safe_url(url: str) -> str:
-    from yarl import URL
-
-    parsed = URL(url)
-    return str(parsed.with_password("***")) if parsed.password else url
-
-
 def _load_toolset(paths: list[Path]) -> Any:
     """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
-    from worker.call.catalog_tools import with_builtins
+    from worker.call.run import served_toolset
     from worker.definitions import store
     from worker.http.egress import EgressPolicy
 
     if paths:
         return store.load(paths)
     settings = get_settings()
-    return with_builtins(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow))
+    return served_toolset(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow))
 
 
 def _tools(args: argparse.Namespace) -> int:
@@ -292,16 +295,16 @@ def _health(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import redis
 
-    from worker.definitions import store
+    from worker.definitions import shared, store
 
     settings = get_settings()
     paths = args.paths or [settings.definitions]
     _progress(f"checking {len(store.definition_files(paths))} definitions files")
     client = redis.Redis.from_url(settings.redis_url)
     try:
-        version, toolset = store.publish(client, paths)
+        version, toolset = shared.publish(client, paths)
     except redis.ConnectionError:
-        raise _RedisUnreachable(_safe_url(settings.redis_url)) from None
+        raise _RedisUnreachable(mask_url(settings.redis_url)) from None
     finally:
         client.close()
     for problem in toolset.problems:

@@ -22,14 +22,21 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, ROUTES_KEY, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.connections import connect
+from worker.constants import (
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_QUEUE,
+    MAX_CALL_TIMEOUT_S,
+    TASK_EXECUTE,
+    TASK_EXECUTE_BATCH,
+)
+from worker.definitions.shared import read_routes
 from worker.envelope import ToolResult
 from worker.loop import LoopThread
-from worker.protocol import envelope_from_meta, task_message
-from worker.queue.publisher import connect
+from worker.protocol import task_message
+from worker.queue.publisher import stored_envelope
 from worker.settings import get_settings
 
-DEFAULT_TIMEOUT_S = 60.0
 T = TypeVar("T")
 _READ_BLOCK_MS = 1000
 _ROUTES_TTL_S = 10.0
@@ -66,20 +73,28 @@ class AsyncToolClient:
         arguments: Mapping[str, Any] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> ToolResult:
         call_ids = await self.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout)
         return (await self._collect(call_ids, [tool], timeout))[0]
 
-    async def acall_many(self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
+    async def acall_many(
+        self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S
+    ) -> list[ToolResult]:
         """Run many calls as one message; results come back in order."""
         call_ids = await self.submit_many(calls, timeout=timeout)
         return await self._collect(call_ids, [spec[0] for spec in calls], timeout)
 
     async def submit_many(
-        self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S, call_ids: Sequence[str] | None = None
+        self,
+        calls: Sequence[CallSpec],
+        *,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        call_ids: Sequence[str] | None = None,
     ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own."""
+        if not 0 < timeout <= MAX_CALL_TIMEOUT_S:  # the workers would refuse the call (65)
+            raise ValueError(f"timeout must be more than 0 and at most {MAX_CALL_TIMEOUT_S:g} seconds, got {timeout!r}")
         self._ensure_reader()
         deadline = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
@@ -91,7 +106,12 @@ class AsyncToolClient:
         if self._outbox_sent is None:
             self._outbox_sent = loop.create_future()
             self._flusher = loop.create_task(self._flush())  # referenced: a bare task may be collected
-        await asyncio.shield(self._outbox_sent)
+        try:
+            await asyncio.shield(self._outbox_sent)
+        except BaseException:  # not enqueued (or the caller gave up): nothing will answer these
+            for message in messages:
+                self._waiting.pop(message["callId"], None)
+            raise
         return [m["callId"] for m in messages]
 
     async def _flush(self) -> None:
@@ -116,15 +136,14 @@ class AsyncToolClient:
     async def _by_queue(self, messages: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         """Group calls by the queue of their tool's upstream (bulkheads); the map is refreshed every 10 s."""
         if time.monotonic() - self._routes_at > _ROUTES_TTL_S:
-            raw: Any = await self._redis.hgetall(ROUTES_KEY)
-            self._routes = {k.decode(): v.decode() for k, v in raw.items()}
+            self._routes = await read_routes(self._redis)
             self._routes_at = time.monotonic()
         grouped: dict[str, list[dict[str, Any]]] = {}
         for message in messages:
             grouped.setdefault(self._routes.get(message["tool"], self._queue), []).append(message)
         return grouped
 
-    async def result(self, call_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
+    async def result(self, call_id: str, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> ToolResult:
         """The envelope of a call; raises TimeoutError when it does not come in time."""
         future = self._waiting.get(call_id)
         if future is None:  # not submitted by this client: read the stored result
@@ -136,7 +155,8 @@ class AsyncToolClient:
             if stored is None:
                 raise
             envelope = stored
-        self._waiting.pop(call_id, None)
+        finally:  # answered or given up on: a long-lived client keeps no entry behind
+            self._waiting.pop(call_id, None)
         return ToolResult.from_dict(envelope)
 
     async def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -188,17 +208,20 @@ class AsyncToolClient:
         """The envelopes of calls submitted here, in order, waited for together (one timer, no task
         each). A call still unanswered after `timeout` is read from the result store, else ends with 28."""
         futures = [self._waiting[call_id] for call_id in call_ids]
-        pending = [future for future in futures if not future.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=timeout)
-        results = []
-        for call_id, tool, future in zip(call_ids, tools, futures, strict=True):
-            envelope = future.result() if future.done() else await self._stored(call_id)
-            self._waiting.pop(call_id, None)
-            results.append(
-                ToolResult.from_dict(envelope) if envelope is not None else _unanswered(call_id, tool, timeout)
-            )
-        return results
+        try:
+            pending = [future for future in futures if not future.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=timeout)
+            results = []
+            for call_id, tool, future in zip(call_ids, tools, futures, strict=True):
+                envelope = future.result() if future.done() else await self._stored(call_id)
+                results.append(
+                    ToolResult.from_dict(envelope) if envelope is not None else _unanswered(call_id, tool, timeout)
+                )
+            return results
+        finally:  # also when the caller is cancelled: a long-lived client keeps no entry behind
+            for call_id in call_ids:
+                self._waiting.pop(call_id, None)
 
     def _ensure_reader(self) -> None:
         if self._reader is None or self._reader.done():
@@ -228,8 +251,7 @@ class AsyncToolClient:
             future.set_result(envelope)
 
     async def _stored(self, call_id: str) -> dict[str, Any] | None:
-        raw = await self._redis.get(RESULT_KEY_PREFIX + call_id)
-        return None if raw is None else envelope_from_meta(raw)
+        return await stored_envelope(self._redis, call_id)
 
     async def _poll_stored(self, call_id: str, timeout: float) -> ToolResult:
         deadline = time.monotonic() + timeout
@@ -273,7 +295,7 @@ class CallHandle:
         self._sent = sent
         self.call_id = call_id
 
-    def get(self, timeout: float = DEFAULT_TIMEOUT_S) -> ToolResult:
+    def get(self, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> ToolResult:
         self._sent.result(timeout)
         return self._client._run(self._client._async.result(self.call_id, timeout), timeout)
 
@@ -291,7 +313,7 @@ class ToolClient:
         arguments: Mapping[str, Any] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> ToolResult:
         return self._run(self._async.acall(tool, arguments, headers=headers, timeout=timeout), timeout)
 
@@ -301,7 +323,7 @@ class ToolClient:
         arguments: Mapping[str, Any] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> CallHandle:
         # Returns at once, so that calls submitted in a row leave together in batch messages.
         call_id = str(uuid.uuid4())
@@ -311,17 +333,17 @@ class ToolClient:
         )
         return CallHandle(self, call_id, sent)
 
-    def call_many(self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[ToolResult]:
+    def call_many(self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> list[ToolResult]:
         return self._run(self._async.acall_many(list(calls), timeout=timeout), timeout)
 
     def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        return self._run(self._async.tools(tags), DEFAULT_TIMEOUT_S)
+        return self._run(self._async.tools(tags), DEFAULT_CALL_TIMEOUT_S)
 
     def schema(self, names: Sequence[str]) -> dict[str, Any]:
-        return self._run(self._async.schema(names), DEFAULT_TIMEOUT_S)
+        return self._run(self._async.schema(names), DEFAULT_CALL_TIMEOUT_S)
 
     def search(self, question: str, top_k: int = 5) -> list[dict[str, Any]]:
-        return self._run(self._async.search(question, top_k), DEFAULT_TIMEOUT_S)
+        return self._run(self._async.search(question, top_k), DEFAULT_CALL_TIMEOUT_S)
 
     def close(self) -> None:
         self._loop.stop(self._async.aclose())

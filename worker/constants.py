@@ -4,14 +4,18 @@ TASK_EXECUTE = "toolcall.execute"
 TASK_EXECUTE_BATCH = "toolcall.execute_batch"
 DEFAULT_QUEUE = "toolcalls"
 
-# Celery's Redis result backend stores results under this prefix and publishes on the same channel.
+# Celery's Redis result backend stores results under this prefix and publishes on the same channel. The
+# result keys, done markers (worker/queue/publisher.py) and dead letters (worker/queue/dead_letter.py)
+# are each written and read by one module.
 RESULT_KEY_PREFIX = "celery-task-meta-"
 # SET NX on this key before publishing makes result publication exactly-once per callId.
 DONE_KEY_PREFIX = "toolcall:done:"
 DEAD_LETTER_KEY = "toolcall:dead-letter"
 DEAD_LETTER_MAX = 10_000
-# Tool name -> Celery queue, for tools whose upstream has a queue of its own (bulkheads).
+# Tool name -> Celery queue, for tools whose upstream has a queue of its own (bulkheads); written and
+# read by worker/definitions/shared.py only.
 ROUTES_KEY = "toolworker:routes"
+# Written and read by worker/call/ratelimit.py only.
 RATE_LIMIT_KEY_PREFIX = "toolworker:ratelimit:"
 
 REDACTED = "[redacted]"
@@ -21,10 +25,30 @@ MAX_ARGUMENTS_BYTES = 1024 * 1024
 MAX_REDIRECTS = 5
 DEFAULT_MAX_OUTPUT_CHARS = 16_000
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
-DEFAULT_TIMEOUT_S = 10.0
+# An upstream's own timeouts (per attempt), when its definition sets none.
+DEFAULT_UPSTREAM_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
+# How long a client waits for a call's envelope when the caller says nothing; the longest a call may ask for.
+DEFAULT_CALL_TIMEOUT_S = 60.0
+MAX_CALL_TIMEOUT_S = 86_400.0
+# An upstream's circuit breaker: open after this many consecutive failures, try again after the cool-down.
+DEFAULT_CIRCUIT_THRESHOLD = 5
+DEFAULT_CIRCUIT_COOLDOWN_S = 30.0
+DEFAULT_MAX_CONCURRENCY = 100
 
-# The shared definitions store: versioned bundles of definitions files.
+# The tool kinds a worker answers, each by a handler of its own (worker/call/).
+KIND_DEFINED = "defined"  # rendered from the definition's templates
+KIND_HTTP_REQUEST = "http_request"  # the model gives method and URL; egress-checked
+KIND_CATALOG = "catalog"  # answered by the worker from its definitions
+HTTP_REQUEST_TOOL = "http_request"
+# The upstream the built-in tools (catalog, http_request) are listed under.
+WORKER_UPSTREAM = "toolworker"
+# Other names models know the generic tool by.
+TOOL_ALIASES = {"HttpRequestTool": HTTP_REQUEST_TOOL}
+# The content the workers accept on the queue (Celery's accept_content).
+ACCEPT_CONTENT = ("json",)
+
+# The shared definitions store: versioned bundles of definitions files (worker/definitions/shared.py).
 DEFINITIONS_VERSION_KEY = "toolworker:definitions:version"
 DEFINITIONS_CURRENT_KEY = "toolworker:definitions:current"
 DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"

@@ -1,4 +1,4 @@
-"""The result envelope (SPEC §4): what every tool call ends with, success or not."""
+"""The result envelope (README, "The result envelope and exit codes"): what every call ends with."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import Iterable, MutableMapping
 from contextvars import ContextVar
@@ -12,9 +11,9 @@ from typing import Any
 
 import structlog
 
-from worker.constants import REDACTED, SECRET_NAME_PATTERN
+from worker.constants import REDACTED
+from worker.redaction import MIN_SECRET_LEN, is_secret_name
 
-_SECRET_KEY = re.compile(SECRET_NAME_PATTERN, re.IGNORECASE)
 # Event keys whose names match the pattern but hold no secret.
 _SAFE_KEYS = frozenset({"event", "callId", "sessionId"})
 # The secret values of the call being logged (from ${env:...}, secret headers, call headers).
@@ -23,7 +22,7 @@ _call_secrets: ContextVar[tuple[str, ...]] = ContextVar("toolworker_call_secrets
 
 def bind_secrets(secrets: Iterable[str]) -> None:
     """Redact these values from every log line of the current call (the current context)."""
-    _call_secrets.set(tuple(sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True)))
+    _call_secrets.set(tuple(sorted((s for s in secrets if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)))
 
 
 def redact_secret_values(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -50,7 +49,7 @@ def redact_secret_keys(_: Any, __: str, event: MutableMapping[str, Any]) -> Muta
 @lru_cache(maxsize=4096)
 def _names_secret(key: Any) -> bool:
     """Every log line asks this of the same few keys: a pattern search each time was a third of its cost."""
-    return isinstance(key, str) and key not in _SAFE_KEYS and _SECRET_KEY.search(key) is not None
+    return isinstance(key, str) and key not in _SAFE_KEYS and is_secret_name(key)
 
 
 def configure(log_format: str = "json", level: str = "INFO") -> None:

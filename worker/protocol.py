@@ -1,4 +1,5 @@
-"""The wire format: Celery protocol 2 messages as kombu's Redis transport stores them, and result metas.
+"""The wire format: the call object, Celery protocol 2 messages as kombu's Redis transport stores them,
+and result metas.
 
 Anything that can LPUSH a JSON string onto a Redis list can enqueue a call; the README shows it.
 """
@@ -11,9 +12,48 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from worker.constants import REDACTED, TASK_EXECUTE
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from worker.constants import MAX_CALL_TIMEOUT_S, REDACTED, TASK_EXECUTE
+from worker.errors import InvalidArguments
 
 _ARGSREPR_MAX = 1024
+MAX_REPLY_TO_CHARS = 512
+
+
+class ToolCall(BaseModel):
+    """The call object of a task message (README, "Enqueuing from any language"), validated at the queue."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    call_id: str = Field(alias="callId", min_length=1, max_length=256)
+    tool: str = Field(min_length=1, max_length=256)
+    # Factories, not `{}`: pydantic deep-copies a mutable default for every message that leaves it out.
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    session_id: str | None = Field(None, alias="sessionId")
+    timeout_s: float | None = Field(None, alias="timeoutSeconds", gt=0, le=MAX_CALL_TIMEOUT_S)
+    deadline: datetime | None = None
+    reply_to: str | None = Field(None, alias="replyTo", min_length=1, max_length=MAX_REPLY_TO_CHARS)
+
+
+def parse_call(message: Any, task_id: str) -> ToolCall:
+    """Validate a queue message; callId defaults to the Celery task id."""
+    if not isinstance(message, dict):
+        raise InvalidArguments("The tool call must be a JSON object with at least a `tool` field.")
+    try:
+        return ToolCall.model_validate({"callId": task_id, **message})
+    except ValidationError as exc:
+        problems = "; ".join(f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors()[:5])
+        raise InvalidArguments(f"The tool call message is invalid: {problems}.") from None
+
+
+def reply_stream(message: Any) -> str | None:
+    """The replyTo of a message that is not a valid call, when it names one a valid call could."""
+    reply_to = message.get("replyTo") if isinstance(message, dict) else None
+    return reply_to if isinstance(reply_to, str) and 0 < len(reply_to) <= MAX_REPLY_TO_CHARS else None
+
+
 _ORIGIN = f"toolworker@{socket.gethostname()}"
 
 

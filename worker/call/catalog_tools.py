@@ -1,5 +1,5 @@
-"""Tools the worker answers itself: the catalog (SPEC §2.3) and, when an allow-list is set, the
-generic HTTP request tool (SPEC §2.2.4). Both go through the queue like any other tool."""
+"""The catalog tools (`catalog_list`, `catalog_schema`, `catalog_search`): answered by the worker from its
+definitions, through the queue like any other tool, for orchestrators that only know how to enqueue."""
 
 from __future__ import annotations
 
@@ -7,19 +7,12 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from worker.call.http_request import (
-    GENERIC_TOOL_ALIASES,
-    GENERIC_TOOL_DESCRIPTION,
-    GENERIC_TOOL_NAME,
-    GENERIC_TOOL_SCHEMA,
-)
+from worker.call.handlers import Job
+from worker.call.runtime import Runtime
+from worker.constants import KIND_CATALOG
 from worker.definitions import catalog
-from worker.definitions.model import RequestTemplate, Tool, ToolSet, Upstream
-from worker.definitions.templates import Template
-from worker.http.egress import EgressPolicy
-
-BUILTIN_UPSTREAM = "toolworker"
-ALIASES = dict.fromkeys(GENERIC_TOOL_ALIASES, GENERIC_TOOL_NAME)
+from worker.definitions.model import RequestTemplate, Tool, ToolSet
+from worker.envelope import ToolResult
 
 _TAGS = {"type": "array", "items": {"type": "string"}, "description": "Only tools with one of these tags."}
 _CATALOG: dict[str, tuple[str, dict[str, Any]]] = {
@@ -51,28 +44,26 @@ _CATALOG: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def with_builtins(toolset: ToolSet, policy: EgressPolicy) -> ToolSet:
-    """The toolset a worker serves: the defined tools, the catalog tools, the generic tool if enabled."""
-    served = ToolSet(dict(toolset.upstreams), dict(toolset.tools), list(toolset.problems), dict(toolset.unusable))
-    served.upstreams[BUILTIN_UPSTREAM] = Upstream(BUILTIN_UPSTREAM, Template.literal(""))
-    for name, (description, schema) in _CATALOG.items():
-        served.tools.setdefault(name, _builtin(name, description, schema, "builtin", ("catalog",)))
-    if policy.enabled:
-        generic = _builtin(GENERIC_TOOL_NAME, GENERIC_TOOL_DESCRIPTION, dict(GENERIC_TOOL_SCHEMA), "generic", ("http",))
-        served.tools.setdefault(GENERIC_TOOL_NAME, generic)
-    return served
+class CatalogTool:
+    """Answers from the toolset the worker serves; nothing is sent anywhere."""
+
+    async def answer(self, job: Job, runtime: Runtime, envelope: ToolResult) -> None:
+        envelope.result = run_catalog(job.tool.name, job.arguments, runtime.toolset)
 
 
-def _builtin(name: str, description: str, schema: dict[str, Any], kind: str, tags: tuple[str, ...]) -> Tool:
-    return Tool(
-        name=name,
-        upstream=BUILTIN_UPSTREAM,
-        request=RequestTemplate(method="POST" if kind == "builtin" else "GET"),
-        description=description,
-        tags=tags,
-        schema=schema,
-        kind=kind,
-    )
+def catalog_tools(upstream: str) -> list[Tool]:
+    return [
+        Tool(
+            name=name,
+            upstream=upstream,
+            request=RequestTemplate(method="POST"),
+            description=description,
+            tags=("catalog",),
+            schema=schema,
+            kind=KIND_CATALOG,
+        )
+        for name, (description, schema) in _CATALOG.items()
+    ]
 
 
 def run_catalog(name: str, arguments: Mapping[str, Any], toolset: ToolSet) -> str:

@@ -16,18 +16,17 @@ import time
 from collections.abc import Callable
 
 from worker import errors
+from worker.constants import DEFAULT_CIRCUIT_COOLDOWN_S, DEFAULT_CIRCUIT_THRESHOLD
 
 Clock = Callable[[], float]
-DEFAULT_THRESHOLD = 5
-DEFAULT_COOLDOWN_S = 30.0
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 
 class CircuitBreaker:
     def __init__(
         self,
-        threshold: int = DEFAULT_THRESHOLD,
-        cooldown_s: float = DEFAULT_COOLDOWN_S,
+        threshold: int = DEFAULT_CIRCUIT_THRESHOLD,
+        cooldown_s: float = DEFAULT_CIRCUIT_COOLDOWN_S,
         clock: Clock = time.monotonic,
         *,
         name: str = "upstream",
@@ -52,10 +51,6 @@ class CircuitBreaker:
         if self._state == OPEN and self._cooled_down():
             return HALF_OPEN
         return self._state
-
-    @property
-    def consecutive_failures(self) -> int:
-        return self._failures
 
     def before_call(self) -> None:
         """Let a call through, or raise UpstreamUnavailable (exit 69) with when to try again."""
@@ -113,14 +108,10 @@ class Breakers:
         self._breakers: dict[str, CircuitBreaker] = {}
 
     def get(
-        self, upstream: str, threshold: int = DEFAULT_THRESHOLD, cooldown_s: float = DEFAULT_COOLDOWN_S
+        self, upstream: str, threshold: int = DEFAULT_CIRCUIT_THRESHOLD, cooldown_s: float = DEFAULT_CIRCUIT_COOLDOWN_S
     ) -> CircuitBreaker:
         """The upstream's breaker; a changed configuration starts a fresh (closed) one."""
         breaker = self._breakers.get(upstream)
         if breaker is None or (breaker.threshold, breaker.cooldown_s) != (threshold, cooldown_s):
             breaker = self._breakers[upstream] = CircuitBreaker(threshold, cooldown_s, self._clock, name=upstream)
         return breaker
-
-    def states(self) -> dict[str, str]:
-        """Upstream name -> state, for logs and health checks."""
-        return {name: breaker.state for name, breaker in self._breakers.items()}

@@ -1,4 +1,4 @@
-"""The generic HTTP request tool (`http_request`, alias `HttpRequestTool`; SPEC §2.2.4).
+"""The generic HTTP request tool (`http_request`, alias `HttpRequestTool`; README, "Security").
 
 The model names the method, URL, body and headers itself, so every request is checked against the
 egress policy, and the tool is off until an allow-list is configured. Rendering is pure, like
@@ -14,29 +14,23 @@ from urllib.parse import urlencode
 
 from yarl import URL
 
-from worker.call.rendering import (
-    FRAMING_HEADERS,
-    HEADER_NAME,
-    PreparedRequest,
-    check_header_count,
-    checked_header_value,
-    is_form,
-    is_json,
-    is_secret_header,
-    query_pairs,
-)
-from worker.definitions.model import METHODS
+from worker.call.handlers import HttpHandler, Job
+from worker.call.headers import check_header_count, checked_header
+from worker.call.rendering import is_form, is_json, query_pairs
+from worker.call.runtime import Runtime
+from worker.constants import HTTP_REQUEST_TOOL, KIND_HTTP_REQUEST
+from worker.definitions.model import METHODS, RequestTemplate, Tool
 from worker.errors import EgressBlocked, InvalidArguments
 from worker.http.egress import EgressPolicy
+from worker.http.transport import PreparedRequest
+from worker.redaction import is_secret_header
 
-GENERIC_TOOL_NAME = "http_request"
-GENERIC_TOOL_ALIASES = ("HttpRequestTool",)
-GENERIC_TOOL_DESCRIPTION = (
+_DESCRIPTION = (
     "Send an HTTP request to a URL and return the response body. Only hosts on the operator's egress"
     " allow-list can be reached. A JSON object body is sent as JSON unless the Content-Type header is"
     " application/x-www-form-urlencoded; a string body is sent as it is."
 )
-GENERIC_TOOL_SCHEMA: Mapping[str, Any] = {
+_SCHEMA: Mapping[str, Any] = {
     "type": "object",
     "properties": {
         "method": {
@@ -60,11 +54,11 @@ GENERIC_TOOL_SCHEMA: Mapping[str, Any] = {
     "additionalProperties": False,
 }
 
-GENERIC_OFF = (
+_OFF = (
     "The http_request tool is off: it stays off until the operator sets the egress allow-list"
     " (TOOLWORKER_EGRESS_ALLOW)."
 )
-# Methods whose URL query moves into a form body when no body is given (SPEC §2.2.4).
+# Methods whose URL query moves into a form body when no body is given.
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _JSON = "application/json"
 _FORM = "application/x-www-form-urlencoded"
@@ -73,10 +67,33 @@ _TEXT = "text/plain; charset=utf-8"
 _Headers = dict[str, tuple[str, str]]  # lower-case name -> (name as given, value)
 
 
-def render_generic(arguments: Mapping[str, Any], policy: EgressPolicy) -> PreparedRequest:
+class HttpRequestTool(HttpHandler):
+    """The model's own request; every hop passes the egress policy (no origin is trusted)."""
+
+    def prepare(self, job: Job, runtime: Runtime) -> PreparedRequest:
+        return render_http_request(job.arguments, runtime.policy)
+
+    def trusted_origin(self, request: PreparedRequest) -> URL | None:
+        return None
+
+
+def http_request_tool(upstream: str) -> Tool:
+    """The tool's definition, served only while an egress allow-list is set."""
+    return Tool(
+        name=HTTP_REQUEST_TOOL,
+        upstream=upstream,
+        request=RequestTemplate(method="GET"),
+        description=_DESCRIPTION,
+        tags=("http",),
+        schema=dict(_SCHEMA),
+        kind=KIND_HTTP_REQUEST,
+    )
+
+
+def render_http_request(arguments: Mapping[str, Any], policy: EgressPolicy) -> PreparedRequest:
     """The request the model asked for, once the egress policy allows its URL."""
     if not policy.enabled:
-        raise EgressBlocked(GENERIC_OFF)
+        raise EgressBlocked(_OFF)
     method = _method(arguments.get("method"))
     url = _url(arguments.get("url"))
     policy.check_url(url)
@@ -118,11 +135,7 @@ def _headers(value: Any) -> _Headers:
     check_header_count(value)
     headers: _Headers = {}
     for name, header_value in value.items():
-        if not isinstance(name, str) or not HEADER_NAME.match(name) or not isinstance(header_value, str):
-            raise InvalidArguments(f"Header {str(name)[:64]!r} is not a valid header name with a string value.")
-        if name.lower() in FRAMING_HEADERS:
-            raise InvalidArguments(f"Header {name!r} may not be set.")
-        headers[name.lower()] = (name, checked_header_value(name, header_value))
+        headers[checked_header(name, header_value)] = (name, header_value)
     return headers
 
 
@@ -159,7 +172,7 @@ def _form(body: dict[str, Any] | list[Any]) -> bytes:
 
 
 def _secrets(headers: _Headers, url: URL) -> set[str]:
-    """Values to redact: secret headers (and their credential after the scheme), the URL's password."""
+    """Values to redact: secret headers (and their credential after the scheme), secret query values."""
     found: set[str] = set()
     for lower, (_, value) in headers.items():
         if is_secret_header(lower):
@@ -167,8 +180,6 @@ def _secrets(headers: _Headers, url: URL) -> set[str]:
             scheme, _, credential = value.partition(" ")
             if credential.strip() and scheme.isalpha():
                 found.add(credential.strip())
-    if url.password:
-        found.add(url.password)
     found.update(value for key, value in url.query.items() if is_secret_header(key))
     found.discard("")
     return found

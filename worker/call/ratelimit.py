@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from worker import errors
+from worker.constants import RATE_LIMIT_KEY_PREFIX
 
 _MICROS = 1_000_000
 # KEYS[1]: the limit's TAT (microseconds on the server clock).
@@ -45,8 +46,9 @@ return {1, wait}
 _GCRA_SHA = hashlib.sha1(_GCRA.encode(), usedforsecurity=False).hexdigest()  # what EVALSHA names it by
 
 
-async def acquire(redis: aioredis.Redis, key: str, rate_per_s: float, burst: int, deadline: float) -> None:
-    """Wait for this call's slot under the limit; raise DeadlineExceeded (exit 75) if it comes after `deadline`.
+async def acquire(redis: aioredis.Redis, name: str, rate_per_s: float, burst: int, deadline: float) -> None:
+    """Wait for this call's slot under the limit `name` (an upstream's); raise DeadlineExceeded (exit 75) if
+    it comes after `deadline`.
 
     `deadline` is wall-clock epoch seconds (`math.inf` for none). A refused call reserves nothing.
     """
@@ -57,7 +59,7 @@ async def acquire(redis: aioredis.Redis, key: str, rate_per_s: float, burst: int
     if remaining_s < 0:
         raise _too_late(0.0)
     max_wait_us = -1 if math.isinf(remaining_s) else math.floor(remaining_s * _MICROS)
-    granted, wait_us = await _reserve(redis, key, interval_us, burst, max_wait_us)
+    granted, wait_us = await _reserve(redis, RATE_LIMIT_KEY_PREFIX + name, interval_us, burst, max_wait_us)
     if not granted:
         raise _too_late(wait_us / _MICROS)
     if wait_us > 0:

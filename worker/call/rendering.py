@@ -1,7 +1,7 @@
 """Render a tool's request from its templates and the model's arguments: a pure function, no I/O.
 
-Placement rules (SPEC §2.1): a path value is one percent-encoded segment; query arrays repeat the
-key and entries naming an absent argument are dropped; header values may not hold CR, LF or NUL;
+Placement rules (README, "The native format"): a path value is one percent-encoded segment; query
+arrays repeat the key and entries naming an absent argument are dropped; header values may not hold CR, LF or NUL;
 a structured body keeps each `${name}` leaf's JSON type; a text body with a JSON content type gets
 JSON-escaped values; arguments no template names go to the query (GET-like) or the JSON body.
 """
@@ -9,60 +9,18 @@ JSON-escaped values; arguments no template names go to the query (GET-like) or t
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode
 
 from yarl import URL
 
-from worker.constants import REDACTED, SECRET_NAME_PATTERN
+from worker.call.headers import check_header_count, checked_header, checked_header_value
 from worker.definitions.model import QUERY_METHODS, Body, Tool, Upstream
 from worker.definitions.templates import Arg, Env, MissingEnv, Template, resolve_env
 from worker.errors import InvalidArguments, MalformedURL, ToolMisconfigured
-
-_SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.IGNORECASE)
-HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
-_FORBIDDEN_VALUE = re.compile(r"[\r\n\x00]")
-# Never settable by a call: they would change where or how the request is framed.
-FRAMING_HEADERS = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer", "keep-alive"}
-)
-# Header limits for values that come from a model or a caller.
-MAX_HEADERS = 64
-MAX_HEADER_VALUE_CHARS = 8192
-# Secrets shorter than this are redacted in headers but not searched for inside texts.
-_MIN_SECRET_LEN = 4
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedRequest:
-    method: str
-    url: str
-    headers: tuple[tuple[str, str], ...]
-    body: bytes | None
-    # Values to redact wherever they would be echoed; header names whose values are secret.
-    secrets: frozenset[str]
-    secret_headers: frozenset[str]
-    dropped_headers: tuple[str, ...] = ()
-
-    def redacted_headers(self) -> dict[str, str]:
-        return {
-            name: REDACTED if name.lower() in self.secret_headers else redact(value, self.secrets)
-            for name, value in self.headers
-        }
-
-
-def is_secret_header(name: str) -> bool:
-    return name.lower() == "authorization" or bool(_SECRET_NAME.search(name))
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= _MIN_SECRET_LEN and secret in text:
-            text = text.replace(secret, REDACTED)
-    return text
+from worker.http.transport import PreparedRequest
+from worker.redaction import is_secret_header
 
 
 def render(
@@ -246,27 +204,9 @@ def _render_headers(
     return list(merged.values()), secret_names, dropped
 
 
-def checked_header_value(name: str, value: str) -> str:
-    if _FORBIDDEN_VALUE.search(value):
-        raise InvalidArguments(f"The value of header {name!r} may not contain CR, LF or NUL characters.")
-    if len(value) > MAX_HEADER_VALUE_CHARS:
-        raise InvalidArguments(f"The value of header {name!r} is too long (at most {MAX_HEADER_VALUE_CHARS}).")
-    return value
-
-
-def check_header_count(headers: Mapping[str, Any]) -> None:
-    if len(headers) > MAX_HEADERS:
-        raise InvalidArguments(f"Too many headers ({len(headers)}; at most {MAX_HEADERS}).")
-
-
 def _checked_call_header(name: str, value: Any, upstream: Upstream) -> str | None:
     """The lower-case name of an allowed call header, None for one this upstream does not take."""
-    if not isinstance(value, str) or not HEADER_NAME.match(str(name)):
-        raise InvalidArguments(f"Call header {str(name)[:64]!r} is not a valid header name with a string value.")
-    lower = name.lower()
-    if lower in FRAMING_HEADERS:
-        raise InvalidArguments(f"Call header {name!r} may not be set.")
-    checked_header_value(name, value)
+    lower = checked_header(name, value, "Call header")
     return lower if lower in upstream.overridable_headers else None
 
 

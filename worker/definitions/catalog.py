@@ -1,4 +1,4 @@
-"""The catalog (SPEC §2.3): which tools there are, their schemas, search, and exports for LLM APIs.
+"""The catalog (README, "Discovery"): which tools there are, their schemas, search, and exports for LLM APIs.
 
 Pure functions over a `ToolSet`. Listing and search read only what a tool has without its input schema
 (name, method, path, description, tags, the argument names its templates use), so a spec of thousands
@@ -30,7 +30,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from worker.definitions.model import Tool, ToolSet
+from worker.definitions.model import (
+    DEFINITIONS_KEYWORDS,
+    SUBSCHEMA_KEYWORDS,
+    SUBSCHEMA_LIST_KEYWORDS,
+    SUBSCHEMA_MAP_KEYWORDS,
+    Tool,
+    ToolSet,
+)
 
 JSON = Any
 OPENAI_DESCRIPTION_LIMIT = 1024
@@ -243,12 +250,7 @@ def _mcp_annotations(method: str) -> dict[str, bool]:
 
 _DROPPED_KEYWORDS = frozenset({"$schema", "$id", "$comment", "$anchor", "$dynamicAnchor", "$dynamicRef", "$vocabulary"})
 _EXAMPLE_KEYWORDS = frozenset({"examples", "example"})
-_SUBSCHEMA = frozenset(
-    {"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"}
-    | {"unevaluatedItems", "unevaluatedProperties", "additionalItems"}
-)
-_SUBSCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas", "$defs", "definitions"})
+_SUBSCHEMA_MAPS = SUBSCHEMA_MAP_KEYWORDS | DEFINITIONS_KEYWORDS
 _TOP_LEVEL_UNIONS = ("allOf", "anyOf", "oneOf")
 
 
@@ -273,9 +275,9 @@ class _Cleaner:
         for key, value in node.items():
             if key in self.dropped or key.startswith("x-") or (key == "$ref" and not self._resolves(value)):
                 continue
-            if key in _SUBSCHEMA:
+            if key in SUBSCHEMA_KEYWORDS:
                 out[key] = self.clean(value)
-            elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            elif key in SUBSCHEMA_LIST_KEYWORDS and isinstance(value, list):
                 out[key] = [self.clean(v) for v in value]
             elif key in _SUBSCHEMA_MAPS and isinstance(value, Mapping):
                 out[key] = {k: self.clean(v) for k, v in value.items()}

@@ -14,6 +14,19 @@ JSON = Any
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 QUERY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# What OpenAI and Anthropic accept as a tool name.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+# JSON Schema keywords whose values are subschemas: one, a list of them, a map of names to them. Walked
+# by the OpenAPI reader (its dialect to 2020-12) and by the catalog's exports.
+SUBSCHEMA_KEYWORDS = frozenset(
+    {"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"}
+    | {"unevaluatedItems", "unevaluatedProperties", "additionalItems"}
+)
+SUBSCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+SUBSCHEMA_MAP_KEYWORDS = frozenset({"properties", "patternProperties", "dependentSchemas"})
+# Where a schema keeps subschemas for `$ref`s to name.
+DEFINITIONS_KEYWORDS = frozenset({"$defs", "definitions"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +54,8 @@ class RetryPolicy:
 class CircuitPolicy:
     """Open after `threshold` consecutive failures; try again after `cooldown_s`."""
 
-    threshold: int = 5
-    cooldown_s: float = 30.0
+    threshold: int = constants.DEFAULT_CIRCUIT_THRESHOLD
+    cooldown_s: float = constants.DEFAULT_CIRCUIT_COOLDOWN_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +70,11 @@ class RateLimit:
 class Upstream:
     name: str
     base_url: Template
-    timeout_s: float = constants.DEFAULT_TIMEOUT_S
+    timeout_s: float = constants.DEFAULT_UPSTREAM_TIMEOUT_S
     connect_timeout_s: float = constants.DEFAULT_CONNECT_TIMEOUT_S
     headers: Mapping[str, Template] = field(default_factory=dict)
     verify_tls: bool = True
-    max_concurrency: int = 100
+    max_concurrency: int = constants.DEFAULT_MAX_CONCURRENCY
     retry: RetryPolicy = RetryPolicy()
     max_output_chars: int = constants.DEFAULT_MAX_OUTPUT_CHARS
     max_response_bytes: int = constants.DEFAULT_MAX_RESPONSE_BYTES
@@ -126,8 +139,8 @@ class Tool:
     transform: Transform | None = None
     max_output_chars: int | None = None
     source: Source = Source("<builtin>")
-    # "http": rendered from templates; "generic": the model gives the URL; "builtin": answered by the worker.
-    kind: str = "http"
+    # How it is answered: constants.KIND_DEFINED, KIND_HTTP_REQUEST or KIND_CATALOG (worker/call/handlers.py).
+    kind: str = constants.KIND_DEFINED
     # The schema, or a factory that builds it on first use (large OpenAPI specs).
     schema: Mapping[str, JSON] | Callable[[], Mapping[str, JSON]] = field(
         default_factory=lambda: {"type": "object", "properties": {}}

@@ -61,6 +61,11 @@ class Template:
         return None
 
 
+def escape(text: str) -> str:
+    """Literal text as a template (text from a spec or another format may contain `${`)."""
+    return text.replace("${", "$${")
+
+
 class MissingEnv(LookupError):
     """An `${env:NAME}` without default names a variable the worker does not have."""
 

@@ -40,7 +40,7 @@ def run_dev_stack(flower_port: int = 5555) -> int:
 def _start_processes(env: dict[str, str], demo_port: int, flower_port: int) -> dict[str, subprocess.Popen[bytes]]:
     python = sys.executable
     demo = f"from worker.dev.demo import serve; serve('127.0.0.1', {demo_port})"
-    flower = ["-m", "celery", "-A", "worker.queue.app", "flower", f"--port={flower_port}", "--address=127.0.0.1"]
+    flower = ["-m", "celery", "-A", "worker.app", "flower", f"--port={flower_port}", "--address=127.0.0.1"]
     commands = {
         "demo": [python, "-c", demo],
         "worker": [python, "-m", "worker", "worker", "-n", "dev@%h"],

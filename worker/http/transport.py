@@ -1,9 +1,13 @@
-"""The only module that speaks HTTP: pooled aiohttp sessions, redirects, capped reads, error mapping."""
+"""The only module that speaks HTTP: pooled aiohttp sessions, redirects, capped reads, error mapping.
+
+Its input is a `PreparedRequest` (rendered without I/O by worker/call/), its output a `Response`;
+aiohttp's exceptions leave it translated into the tree of worker/errors.py (`translate`).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,10 +16,10 @@ from aiohttp.resolver import AsyncResolver
 from yarl import URL
 
 from worker import errors
-from worker.call.rendering import PreparedRequest, is_secret_header
-from worker.constants import MAX_REDIRECTS
+from worker.constants import DEFAULT_MAX_CONCURRENCY, MAX_REDIRECTS, REDACTED
 from worker.definitions.model import Upstream
 from worker.http.egress import EgressPolicy, egress_error, make_connector
+from worker.redaction import is_secret_header, redact
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK_BYTES = 64 * 1024
@@ -24,6 +28,32 @@ _DRAIN_MAX_BYTES = 1024 * 1024
 _DRAIN_MAX_S = 0.1
 # Called with each redirect target; raises EgressBlocked when the hop is not allowed.
 RedirectCheck = Callable[[URL], None]
+
+
+# The egress-checked pool (the generic tool, off-site redirects) serves many hosts: its own size.
+EGRESS_POOL_CONNECTIONS = DEFAULT_MAX_CONCURRENCY
+# A pool left behind by a new definitions set is closed once the calls it may still serve are over.
+_RETIRE_GRACE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request ready to send, with what must be hidden wherever it is echoed."""
+
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes | None
+    # Values to redact wherever they would be echoed; header names whose values are secret.
+    secrets: frozenset[str]
+    secret_headers: frozenset[str]
+    dropped_headers: tuple[str, ...] = ()
+
+    def redacted_headers(self) -> dict[str, str]:
+        return {
+            name: REDACTED if name.lower() in self.secret_headers else redact(value, self.secrets)
+            for name, value in self.headers
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,27 +75,46 @@ class Limits:
     connect_timeout_s: float
 
 
-class Transport:
+@dataclass(slots=True)
+class _Pool:
+    session: aiohttp.ClientSession
+    # The longest a request on it may still run once it is retired.
+    linger_s: float
+
+
+class HttpTransport:
     """Connection pools reused by every call on this loop: one per upstream (its own, trusted host),
-    and one egress-checked pool for everything else (the generic tool, off-site redirects)."""
+    and one egress-checked pool for everything else (the generic tool, off-site redirects).
+
+    A pool is keyed by the settings it was built with, so a new definitions set that changes an
+    upstream's `verify_tls` or `max_concurrency` gets a pool of its own; `retire` closes the old one."""
 
     def __init__(self, policy: EgressPolicy | None = None, dns_servers: list[str] | None = None) -> None:
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._pools: dict[tuple[object, ...], _Pool] = {}
         self._policy = policy or EgressPolicy.parse("")
         self._dns_servers = dns_servers or []
-        self._draining: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     def session(self, upstream: Upstream, checked: bool) -> aiohttp.ClientSession:
-        # The checked pool is shared by every caller with the same TLS setting.
-        key = f"\0egress-checked:{upstream.verify_tls}" if checked else upstream.name
-        session = self._sessions.get(key)
-        if session is None or session.closed:
-            session = self._sessions[key] = self._new_session(upstream, checked)
-        return session
+        key = _pool_key(upstream, checked)
+        pool = self._pools.get(key)
+        if pool is None or pool.session.closed:
+            limit = EGRESS_POOL_CONNECTIONS if checked else upstream.max_concurrency
+            pool = self._pools[key] = _Pool(self._new_session(upstream, checked, limit), upstream.timeout_s)
+        else:
+            pool.linger_s = max(pool.linger_s, upstream.timeout_s)
+        return pool.session
 
-    def _new_session(self, upstream: Upstream, checked: bool) -> aiohttp.ClientSession:
+    def retire(self, upstreams: Iterable[Upstream]) -> None:
+        """Close, once their calls are over, the pools that none of these upstreams uses any more."""
+        keep = {key for upstream in upstreams for key in (_pool_key(upstream, False), _pool_key(upstream, True))}
+        for key in [key for key in self._pools if key not in keep]:
+            pool = self._pools.pop(key)
+            self._in_background(_close_later(pool.session, pool.linger_s + _DRAIN_MAX_S + _RETIRE_GRACE_S))
+
+    def _new_session(self, upstream: Upstream, checked: bool, limit: int) -> aiohttp.ClientSession:
         options: dict[str, Any] = {
-            "limit": upstream.max_concurrency,
+            "limit": limit,
             "limit_per_host": 0,
             "ssl": upstream.verify_tls,
             "ttl_dns_cache": 60,
@@ -119,19 +168,24 @@ class Transport:
         if resp.content.is_eof():  # the whole body is here, read or not
             resp.release()
             return
-        task = asyncio.get_running_loop().create_task(_drain_or_close(resp))
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
+        self._in_background(_drain_or_close(resp))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)  # referenced: a bare task may be collected
+        task.add_done_callback(self._background.discard)
 
     async def drained(self) -> None:
-        """Wait for the drains under way (each takes at most _DRAIN_MAX_S)."""
-        await asyncio.gather(*self._draining, return_exceptions=True)
+        """Wait for the drains (each takes at most _DRAIN_MAX_S) and pool closings under way."""
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
+        for task in [task for task in self._background if not task.done()]:
+            task.cancel()  # a retired pool waiting to close is closed below, at once
         await self.drained()
-        sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await session.close()
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.session.close()
 
 
 async def _send_once(
@@ -216,6 +270,20 @@ async def _drain_or_close(resp: aiohttp.ClientResponse) -> None:
             resp.release()  # the whole body is read: the connection goes back to the pool
         else:
             resp.close()
+
+
+def _pool_key(upstream: Upstream, checked: bool) -> tuple[object, ...]:
+    # The checked pool is shared by every caller with the same TLS setting.
+    if checked:
+        return ("(egress-checked)", upstream.verify_tls)
+    return (upstream.name, upstream.verify_tls, upstream.max_concurrency)
+
+
+async def _close_later(session: aiohttp.ClientSession, delay_s: float) -> None:
+    try:
+        await asyncio.sleep(delay_s)
+    finally:
+        await session.close()
 
 
 def translate(exc: BaseException, host: str) -> errors.ToolError:

@@ -1,123 +1,21 @@
-"""The Celery application: broker, result backend and delivery settings (SPEC §7)."""
+"""The Celery application: broker, result backend and delivery settings (README, "Delivery guarantees").
+
+Celery and kombu are extended through their hooks: the consumer and the pool are named by class path
+(`worker_consumer`, `worker_pool`). The broker transport is the exception (see `broker.register`).
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-import time
 import warnings
 from typing import Any
 
-import redis
-import structlog
 from celery import Celery
 from celery.exceptions import CPendingDeprecationWarning
 from celery.signals import celeryd_after_setup
-from celery.worker.consumer import Consumer
 
-from worker.constants import DEAD_LETTER_KEY, DEAD_LETTER_MAX, DEFAULT_QUEUE
-from worker.protocol import redacted_repr
-from worker.queue import broker, pool
+from worker.constants import ACCEPT_CONTENT, DEFAULT_QUEUE
+from worker.queue import broker
 from worker.settings import get_settings
-
-log = structlog.get_logger("toolworker.app")
-_REPLY_TO = re.compile(r'"replyTo"\s*:\s*"([^"\\]{1,512})"')
-_REPLY_TO_SCAN_CHARS = 1 << 20
-_EVENTS_FLUSH_DELAY_S = 0.02
-
-
-class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
-    """Messages that are not calls at all (undecodable, unknown task) are kept in a dead-letter list
-    with the reason, and the worker goes on consuming.
-
-    Task events leave in one flush a few milliseconds after the first is buffered, not at once: a
-    call's received, started and succeeded events then go out together, after the call rather than
-    while it runs (Celery flushes on the next loop turn, twice per message)."""
-
-    _events_flush_scheduled = False
-
-    def on_send_event_buffered(self) -> None:
-        if self.hub and not self._events_flush_scheduled:
-            self._events_flush_scheduled = True
-            self.hub.call_soon(self._schedule_events_flush)  # thread-safe; the timer is not
-
-    def _schedule_events_flush(self) -> None:
-        self.hub.call_later(_EVENTS_FLUSH_DELAY_S, self._flush_events_later)
-
-    def _flush_events_later(self) -> None:
-        self._events_flush_scheduled = False  # first: an event buffered from now on schedules a flush
-        self._flush_events()
-
-    def on_decode_error(self, message: Any, exc: Exception) -> None:
-        dead_letter("undecodable message", exc, message.body)
-        task_id = (message.headers or {}).get("id")
-        if isinstance(task_id, str) and task_id:
-            answer_undecodable(task_id, _reply_stream(message.body))
-        # Not Celery's handler: it logs the start of the raw body, call-header values included.
-        message.ack()
-
-    def on_unknown_message(self, body: Any, message: Any) -> None:
-        dead_letter("not a task message", None, body)
-        super().on_unknown_message(body, message)
-
-    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
-        dead_letter(f"unknown task {message.headers.get('task')!r}", exc, body)
-        super().on_unknown_task(body, message, exc)
-
-    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
-        dead_letter("invalid task message", exc, body)
-        super().on_invalid_task(body, message, exc)
-
-
-def _reply_stream(body: Any) -> str | None:
-    """The replyTo of a body that cannot be decoded, when its text names exactly one."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
-    found = _REPLY_TO.findall(text[:_REPLY_TO_SCAN_CHARS])
-    return found[0] if len(found) == 1 else None
-
-
-def answer_undecodable(task_id: str, reply_to: str | None) -> None:
-    """Give a message that names its task id but cannot be decoded its one envelope (65)."""
-    from worker.envelope import ToolResult
-    from worker.errors import InvalidArguments
-    from worker.loop import process_loop
-    from worker.queue.service import process_service
-
-    error = InvalidArguments("The tool call message could not be decoded (not JSON, or nested too deeply).")
-    try:
-        publisher = process_service().publisher
-        process_loop().run(publisher.publish_one(ToolResult.failure(task_id, "?", error), reply_to), 30)
-    except Exception as failure:  # the dead-letter entry still records the message
-        log.error("message.answer_failed", callId=task_id, error=str(failure))
-
-
-def dead_letter(reason: str, exc: Exception | None, body: Any) -> None:
-    """Record a rejected message; its content only in redacted form (it may carry call headers)."""
-    raw = body if isinstance(body, bytes | str) else json.dumps(body, default=str)
-    data = raw.encode() if isinstance(raw, str) else raw
-    try:
-        shown = redacted_repr(json.loads(data))
-    except (ValueError, RecursionError):
-        shown = None  # not JSON (or too deeply nested to read): keep only its size and digest
-    entry = {
-        "reason": reason,
-        "error": str(exc)[:500] if exc else None,
-        "body": shown,
-        "bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "at": time.time(),
-    }
-    log.warning("message.dead_lettered", reason=reason, sha256=entry["sha256"])
-    try:
-        client = redis.Redis.from_url(get_settings().redis_url)
-        with client.pipeline() as pipe:
-            pipe.lpush(DEAD_LETTER_KEY, json.dumps(entry))
-            pipe.ltrim(DEAD_LETTER_KEY, 0, DEAD_LETTER_MAX - 1)
-            pipe.execute()
-        client.close()
-    except redis.RedisError as error:
-        log.error("message.dead_letter_failed", error=str(error))
 
 
 def _quiet_cancel_warning(**_: Any) -> None:
@@ -131,8 +29,7 @@ celeryd_after_setup.connect(_quiet_cancel_warning, weak=False)
 
 def create_app() -> Celery:
     settings = get_settings()
-    broker.use()
-    pool.use()
+    broker.register()
     # A lost worker's unacknowledged calls come back once older than the visibility timeout; sweep for
     # them on every check (about every 10 s) rather than every tenth.
     transport_options = {"visibility_timeout": settings.visibility_timeout_seconds, "unacked_restore_throttle": 1}
@@ -140,7 +37,7 @@ def create_app() -> Celery:
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
-        accept_content=["json"],
+        accept_content=list(ACCEPT_CONTENT),
         task_protocol=2,
         task_default_queue=DEFAULT_QUEUE,
         # At-least-once: ack after the result is published; a lost worker's message is sent again.
@@ -154,14 +51,16 @@ def create_app() -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
-        # Results are published by the task itself, exactly once per callId (worker/results.py).
+        # Results are published by the task itself, exactly once per callId (worker/queue/publisher.py).
         task_ignore_result=True,
         result_expires=settings.result_ttl_seconds,
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         worker_soft_shutdown_timeout=10.0,
         worker_hijack_root_logger=False,
-        worker_consumer="worker.queue.app:DeadLetteringConsumer",
+        worker_consumer="worker.queue.consumer:DeadLetteringConsumer",
+        # Calls run on the process's event loop (`-P threads` names Celery's own thread pool instead).
+        worker_pool="worker.queue.pool:TaskPool",
     )
     return app
 

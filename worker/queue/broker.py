@@ -13,8 +13,11 @@ kombu also builds a new redis-py client for every acknowledgement, unacked-index
 (``conn_or_acquire``); building one costs more than the command it sends. A channel here keeps one client
 per connection pool (redis-py clients are safe to share between threads).
 
-``use()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs, so the broker URL, the
-worker's banner and Flower's broker page stay what operators configured.
+``register()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs. It is the one
+extension not named by class path: a transport given as ``broker_transport`` (a class path) becomes the
+URL's scheme wherever kombu renders the connection (``Connection.as_uri``), so the worker's banner would
+show ``worker.queue.broker:BrokerTransport://...`` and Flower, which picks its broker page by that
+scheme, would have none.
 """
 
 from __future__ import annotations
@@ -56,10 +59,10 @@ class Channel(kombu_redis.Channel):
         return dict(opened[asynchronous])
 
 
-class Transport(kombu_redis.Transport):
+class BrokerTransport(kombu_redis.Transport):
     Channel = Channel
 
 
-def use() -> None:
+def register() -> None:
     for scheme in ("redis", "rediss"):
-        TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
+        TRANSPORT_ALIASES[scheme] = f"{__name__}:BrokerTransport"

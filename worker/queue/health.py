@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 
 from celery import Celery
@@ -11,17 +10,17 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from worker.queue.app import app
+from worker.redaction import mask_url
 
 # kombu's Redis transports; anything else cannot be this project's broker.
 _SCHEMES = frozenset({"redis", "rediss", "sentinel"})
 # A wrong URL, a refused or reset connection, a failed lookup, a rejected password: all mean "not healthy".
 _UNREACHABLE = (KombuError, RedisError, OSError, ValueError, LookupError)
-_PASSWORD = re.compile(r"(://[^:/@;]*:)[^@;]*@")
 
 
 def check(redis_url: str, timeout_s: float = 5.0, node: str | None = None) -> tuple[bool, str]:
     """True when a worker (`node`, if given; `%h` is this host's name) answers a ping within `timeout_s`."""
-    where = safe_url(redis_url)
+    where = mask_url(redis_url)
     scheme = redis_url.partition("://")[0].partition("+")[0]
     if scheme not in _SCHEMES:
         return False, f"not a Redis URL: {where!r} (expected redis://, rediss:// or sentinel://)"
@@ -58,11 +57,6 @@ def _probe_app(redis_url: str, timeout_s: float) -> Celery:
         broker_connection_timeout=timeout_s,
     )
     return probe
-
-
-def safe_url(url: str) -> str:
-    """The URL with any password masked (also in `;`-separated Sentinel lists)."""
-    return _PASSWORD.sub(r"\1***@", url)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -7,7 +7,8 @@ directly; when the call is answered, a pool thread runs Celery's completion (ack
 event), off the loop and after the result is out. Any other task, or a body that does not decode, takes
 Celery's thread path unchanged. A warm shutdown waits for the calls in flight and their acknowledgements.
 
-`use()` makes this the pool behind `-P threads` (`toolworker worker` and `celery -A worker.queue.app worker`).
+The app names it by class path (`worker_pool`), so `toolworker worker` and `celery -A worker.app worker`
+use it; `-P threads` still names Celery's own thread pool.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from functools import cache, partial
 from typing import Any
 
 from billiard.einfo import ExceptionInfo
-from celery import concurrency
 from celery.concurrency import thread
 from celery.utils.saferepr import saferepr
 from kombu.serialization import loads, prepare_accept_content
 
-from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.constants import ACCEPT_CONTENT, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.loop import process_loop
+from worker.queue.bridge import serve_task
 
 _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
 _RESULT_REPR_CHARS = 1024  # the summary shown in task events (Flower), as Celery's default
@@ -60,8 +61,6 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
         if payload is None:
             return super().on_apply(target, args, kwargs, callback, accept_callback, **options)
         assert args is not None and callback is not None
-        from worker.queue.service import serve_task
-
         work = serve_task(args[0], args[1], payload[0], (args[2] or {}).get("delivery_info"))
         future = asyncio.run_coroutine_threadsafe(work, process_loop().loop)
         if accept_callback:
@@ -110,10 +109,4 @@ def _call_payload(args: tuple[Any, ...]) -> tuple[Any] | None:
 
 @cache
 def _accept() -> frozenset[str]:
-    from worker.queue.app import app
-
-    return frozenset(prepare_accept_content(app.conf.accept_content))
-
-
-def use() -> None:
-    concurrency.ALIASES["threads"] = f"{__name__}:TaskPool"
+    return frozenset(prepare_accept_content(ACCEPT_CONTENT))

@@ -8,15 +8,11 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
-from worker.protocol import result_meta
+from worker.protocol import envelope_from_meta, result_meta
 
 # KEYS: done marker, result key, reply stream (optional). ARGV: meta, ttl, envelope, stream maxlen.
 # SET NX on the marker makes a redelivered call's second publication a no-op.
@@ -33,22 +29,9 @@ return 1
 _PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()  # loaded into the server on its first NOSCRIPT
 
 
-def connect(url: str, max_connections: int = 32) -> aioredis.Redis:
-    """A client that rides out a Redis restart (reconnects with backoff for about a minute) and
-    queues for a connection under load instead of failing."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=30,
-        retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.1), retries=20),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError],
-        health_check_interval=30,
-        socket_keepalive=True,
-    )
-    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes its connections
-
-
 class Publisher:
+    """Stores and announces envelopes: the result key, its channel, the done marker, the reply stream."""
+
     def __init__(self, client: aioredis.Redis, ttl_s: int, stream_maxlen: int) -> None:
         self.client = client
         self._ttl_s = ttl_s
@@ -108,3 +91,9 @@ class Publisher:
                 pipe.evalsha(_PUBLISH_SHA, *call)
             outcomes: list[Any] = await pipe.execute()
         return outcomes
+
+
+async def stored_envelope(client: aioredis.Redis, call_id: str) -> dict[str, Any] | None:
+    """The envelope published for a call, None while there is none (read by clients; kept for the TTL)."""
+    raw = await client.get(RESULT_KEY_PREFIX + call_id)
+    return None if raw is None else envelope_from_meta(raw)

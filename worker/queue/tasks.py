@@ -1,18 +1,19 @@
-"""The Celery tasks of SPEC §3; all work is delegated to the service on the process loop."""
+"""The Celery tasks `toolcall.execute` and `toolcall.execute_batch`; the work is done on the process loop."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_process_shutdown, worker_ready
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 from celery.worker.request import Request
 
 from worker import metrics
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.protocol import redacted_repr
 from worker.queue.app import app
-from worker.queue.service import process_service, run_task, settle_heap
+from worker.queue.bridge import close_process_service, process_service, run_task
+from worker.queue.heap import settle_heap
 
 
 class RedactedRequest(Request):  # type: ignore[misc]
@@ -59,5 +60,12 @@ def _load_at_start(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 def _forget_process_metrics(pid: int, **_: Any) -> None:
-    """A prefork child that exits leaves no stale in-flight gauge behind."""
+    """A prefork child that exits leaves no stale in-flight gauge behind, and closes its connections."""
     metrics.process_exited(pid)
+    close_process_service()
+
+
+@worker_shutdown.connect
+def _close_service(**_: Any) -> None:
+    """A stopping worker closes its HTTP pools and Redis connections once its calls are over."""
+    close_process_service()

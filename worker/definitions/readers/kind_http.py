@@ -1,4 +1,5 @@
-"""`kind: http` tool objects (SPEC §2.2.2): one object, or a list of them, in a JSON or YAML file.
+"""`kind: http` tool objects (README, "Formats accepted as they are"): one object, or a list of them, in a
+JSON or YAML file.
 
 Each tool is one URL: it gets an upstream of its own (`http:<name>`) whose base URL is `config.url`, so the
 tool's path is empty and no argument is templated. The arguments go to the query string for GET, HEAD,
@@ -9,29 +10,24 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from worker import constants
-from worker.definitions.model import METHODS, RequestTemplate, Source, Tool, ToolSet, Upstream
-from worker.definitions.readers import Document
-from worker.definitions.readers.native import TOOL_NAME_PATTERN
+from worker.definitions.model import METHODS, TOOL_NAME_PATTERN, RequestTemplate, Source, Tool, ToolSet, Upstream
+from worker.definitions.readers.document import Document, StrictModel
 from worker.definitions.templates import Template, TemplateSyntaxError
 
 UPSTREAM_PREFIX = "http:"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ConfigModel(_Model):
+class ConfigModel(StrictModel):
     url: str
     method: str = "POST"
-    timeout_seconds: float = Field(constants.DEFAULT_TIMEOUT_S, gt=0)
+    timeout_seconds: float = Field(constants.DEFAULT_UPSTREAM_TIMEOUT_S, gt=0)
     headers: dict[str, str] = {}
 
 
-class HttpToolModel(_Model):
+class HttpToolModel(StrictModel):
     kind: Literal["http"]
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""

@@ -1,4 +1,4 @@
-"""OpenAPI 3.x and Swagger 2.0 specs (SPEC §2.2.3): one tool per operation.
+"""OpenAPI 3.x and Swagger 2.0 specs (README, "Formats accepted as they are"): one tool per operation.
 
 Two entry points share everything here: `openapi:` entries of native files (`read_entries`; each
 input schema is built on first use) and `import_openapi` (a native document with every schema built).
@@ -39,10 +39,20 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from worker.definitions.model import Body, Problem, RequestTemplate, Source, Tool, ToolSet
-from worker.definitions.readers import DefinitionSyntaxError, Document, parse_file
-from worker.definitions.readers.native import UpstreamModel, build_upstream
-from worker.definitions.templates import Template, TemplateSyntaxError
+from worker.definitions.model import (
+    SUBSCHEMA_KEYWORDS,
+    SUBSCHEMA_LIST_KEYWORDS,
+    SUBSCHEMA_MAP_KEYWORDS,
+    Body,
+    Problem,
+    RequestTemplate,
+    Source,
+    Tool,
+    ToolSet,
+)
+from worker.definitions.readers.document import DefinitionSyntaxError, Document, parse_file
+from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
+from worker.definitions.templates import Template, TemplateSyntaxError, escape
 
 JSONSchema = dict[str, Any]
 MAX_REF_DEPTH = 8  # refs nested inside one another in one schema
@@ -159,12 +169,6 @@ def _child(node: Any, token: str) -> Any:
 
 # --- schemas: OpenAPI's dialect to JSON Schema 2020-12 -------------------------------------------
 
-_SUBSCHEMA = frozenset(
-    {"items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else"}
-    | {"unevaluatedItems", "unevaluatedProperties"}
-)
-_SUBSCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas"})
 _TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 
 
@@ -301,11 +305,11 @@ class SchemaBuilder:
             key = str(raw_key)
             if key == "items" and isinstance(item, list):  # tuple form of older drafts
                 out["prefixItems"] = [self.convert(Node(v, file)) for v in item]
-            elif key in _SUBSCHEMA:
+            elif key in SUBSCHEMA_KEYWORDS:
                 out[key] = self.convert(Node(item, file))
-            elif key in _SUBSCHEMA_LISTS and isinstance(item, list):
+            elif key in SUBSCHEMA_LIST_KEYWORDS and isinstance(item, list):
                 out[key] = [self.convert(Node(v, file)) for v in item]
-            elif key in _SUBSCHEMA_MAPS and isinstance(item, dict):
+            elif key in SUBSCHEMA_MAP_KEYWORDS and isinstance(item, dict):
                 out[key] = {str(k): self.convert(Node(v, file)) for k, v in item.items()}
             elif key in _VALUE_RULES:
                 out[key] = json_safe(item)
@@ -832,11 +836,6 @@ def _argument_schema(argument: Argument, builder: SchemaBuilder) -> JSONSchema:
 # --- tools and native documents ------------------------------------------------------------------
 
 
-def escape(text: str) -> str:
-    """Literal text as a template (spec text may contain `${`)."""
-    return text.replace("${", "$${")
-
-
 def request_fields(operation: Operation) -> dict[str, Any]:
     """The operation's `request:` mapping in the native format."""
     args = operation.arguments
@@ -1033,13 +1032,20 @@ def _add_tool(
         out.tools[operation.name] = build_tool(operation, upstream, spec)
 
 
+# The top-level keys of a file that holds only parts of a spec (a spec split over files names them by `$ref`).
+_FRAGMENT_KEYS = frozenset({"components", "definitions", "parameters", "responses", "securityDefinitions"})
+
+
 class SpecFileReader:
-    """An OpenAPI or Swagger document met in a definitions folder: `openapi:` entries read it, not the store."""
+    """An OpenAPI or Swagger document, or a part of one that a spec names by `$ref`, met in a definitions
+    folder: `openapi:` entries read it, not the store."""
 
     name = "openapi"
 
     def accepts(self, doc: Document) -> bool:
-        return is_spec(doc.data)
+        data = doc.data
+        fragment = isinstance(data, dict) and bool(data) and set(data) <= _FRAGMENT_KEYS
+        return is_spec(data) or fragment
 
     def read(self, doc: Document) -> ToolSet:
         return ToolSet()

@@ -1,4 +1,5 @@
-"""SentinelAI's remote HTTP toolbox YAML (SPEC §2.2.1), read as its `HttpToolReaders` reads it.
+"""SentinelAI's remote HTTP toolbox YAML (README, "Formats accepted as they are"), read as its
+`HttpToolReaders` reads it.
 
 The file maps an upstream name to `{url, tools}`; each tool is `{metadata, definition, transformer}` as in
 `com.phonepe.sentinelai.toolbox.remotehttp` (HttpToolMetadata, HttpCallTemplate, ResponseTransformerConfig).
@@ -21,13 +22,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import unquote_plus, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from worker.definitions.jolt import jolt_transform
-from worker.definitions.model import Body, RequestTemplate, Source, Tool, ToolSet, Upstream
-from worker.definitions.readers import Document
-from worker.definitions.readers.native import TOOL_NAME_PATTERN
-from worker.definitions.templates import Arg, Env, Part, Template, TemplateSyntaxError
+from worker.definitions.model import TOOL_NAME_PATTERN, Body, RequestTemplate, Source, Tool, ToolSet, Upstream
+from worker.definitions.readers.document import Document, StrictModel
+from worker.definitions.templates import Arg, Env, Part, Template, TemplateSyntaxError, escape
 from worker.definitions.transforms import TransformError
 
 JSON = Any
@@ -51,16 +51,12 @@ ParameterType = Literal[
 ]  # fmt: skip
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TemplateModel(_Model):
+class TemplateModel(StrictModel):
     type: Literal["TEXT", "TEXT_SUBSTITUTOR", "HANDLEBARS"]
     content: str
 
 
-class DefinitionModel(_Model):
+class DefinitionModel(StrictModel):
     method: Literal["GET", "PUT", "POST", "HEAD", "DELETE"]
     path: TemplateModel
     headers: dict[str, list[TemplateModel]] | None = None
@@ -68,29 +64,29 @@ class DefinitionModel(_Model):
     content_type: str | None = Field(None, alias="contentType")
 
 
-class ParameterModel(_Model):
+class ParameterModel(StrictModel):
     description: str
     type: ParameterType
 
 
-class MetadataModel(_Model):
+class MetadataModel(StrictModel):
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str
     parameters: dict[str, ParameterModel] | None = None
 
 
-class TransformerModel(_Model):
+class TransformerModel(StrictModel):
     type: Literal["JOLT"]
     config: str
 
 
-class ToolModel(_Model):
+class ToolModel(StrictModel):
     metadata: MetadataModel
     definition: DefinitionModel
     transformer: TransformerModel | None = None
 
 
-class UpstreamModel(_Model):
+class UpstreamModel(StrictModel):
     url: str | None = None
     tools: list[Any]
 
@@ -285,10 +281,10 @@ def handlebars_text(content: str) -> str:
     out: list[str] = []
     position = 0
     for match in _MUSTACHE.finditer(content):
-        out.append(_escape(content[position : match.start()]))
+        out.append(escape(content[position : match.start()]))
         out.append(_mustache(match))
         position = match.end()
-    out.append(_escape(content[position:]))
+    out.append(escape(content[position:]))
     return "".join(out)
 
 
@@ -304,10 +300,6 @@ def _mustache(match: re.Match[str]) -> str:
             "(no block helpers, partials, helpers with arguments or paths)"
         )
     return "${" + expression + "}"
-
-
-def _escape(literal: str) -> str:
-    return literal.replace("${", "$${")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -359,4 +351,4 @@ def _native(part: Part, decode: bool) -> str:
     if isinstance(part, Env):
         default = f":-{part.default}" if part.default is not None else ""
         return "${env:" + part.name + default + "}"
-    return _escape(unquote_plus(part) if decode else part)
+    return escape(unquote_plus(part) if decode else part)

@@ -8,18 +8,19 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from worker.call.http_request import GENERIC_TOOL_NAME, GENERIC_TOOL_SCHEMA, render_generic
-from worker.call.rendering import PreparedRequest
-from worker.constants import REDACTED
+from worker.call.http_request import http_request_tool, render_http_request
+from worker.constants import HTTP_REQUEST_TOOL, REDACTED
 from worker.errors import EgressBlocked, InvalidArguments, MalformedURL, ToolError
 from worker.http.egress import EgressPolicy
+from worker.http.transport import PreparedRequest
 
+SCHEMA = http_request_tool("toolworker").input_schema
 POLICY = EgressPolicy.parse("api.example.com, *.example.org, 127.0.0.1")
 API = "https://api.example.com/v1/items"
 
 
 def render(**arguments: Any) -> PreparedRequest:
-    return render_generic({"url": API, **arguments}, POLICY)
+    return render_http_request({"url": API, **arguments}, POLICY)
 
 
 def header(request: PreparedRequest, name: str) -> str | None:
@@ -31,9 +32,9 @@ def header(request: PreparedRequest, name: str) -> str | None:
 
 def test_schema_is_valid_json_schema() -> None:
     """The tool's input schema is a valid draft 2020-12 object schema that requires `url`."""
-    Draft202012Validator.check_schema(GENERIC_TOOL_SCHEMA)
-    assert GENERIC_TOOL_NAME == "http_request"
-    assert GENERIC_TOOL_SCHEMA["required"] == ["url"]
+    Draft202012Validator.check_schema(SCHEMA)
+    assert HTTP_REQUEST_TOOL == "http_request"
+    assert SCHEMA["required"] == ["url"]
 
 
 @pytest.mark.parametrize(
@@ -54,7 +55,7 @@ def test_schema_is_valid_json_schema() -> None:
 )
 def test_schema_accepts_and_rejects(arguments: dict[str, Any], valid: bool) -> None:
     """The schema admits the documented argument shapes and nothing else."""
-    assert Draft202012Validator(GENERIC_TOOL_SCHEMA).is_valid(arguments) is valid
+    assert Draft202012Validator(SCHEMA).is_valid(arguments) is valid
 
 
 # --- the egress policy ---------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def test_schema_accepts_and_rejects(arguments: dict[str, Any], valid: bool) -> N
 def test_off_without_allow_list() -> None:
     """With no allow-list the tool refuses every call and says how to turn it on."""
     with pytest.raises(EgressBlocked, match="TOOLWORKER_EGRESS_ALLOW") as caught:
-        render_generic({"url": API}, EgressPolicy.parse(""))
+        render_http_request({"url": API}, EgressPolicy.parse(""))
     assert caught.value.exit_code == 77
     assert "off" in caught.value.message
 
@@ -84,19 +85,19 @@ def test_off_without_allow_list() -> None:
 def test_url_checked_by_policy(url: str, error: type[ToolError]) -> None:
     """The URL goes through the egress policy before anything is rendered."""
     with pytest.raises(error):
-        render_generic({"url": url}, POLICY)
+        render_http_request({"url": url}, POLICY)
 
 
 @pytest.mark.parametrize("url", [API, "https://a.example.org/x", "http://127.0.0.1:9000/", "http://[::ffff:7f00:1]/"])
 def test_listed_hosts_pass(url: str) -> None:
     """Listed names, wildcard subdomains and listed addresses (in any form) render."""
-    assert render_generic({"url": url}, POLICY).url == url
+    assert render_http_request({"url": url}, POLICY).url == url
 
 
 def test_missing_url() -> None:
     """A call without `url` is invalid arguments."""
     with pytest.raises(InvalidArguments, match="url"):
-        render_generic({"method": "GET"}, POLICY)
+        render_http_request({"method": "GET"}, POLICY)
 
 
 # --- method and URL ---------------------------------------------------------------------------------

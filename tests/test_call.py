@@ -1,4 +1,4 @@
-"""One tool call to its envelope (SPEC §3, §4, §7) with a fake transport at the designed seam."""
+"""One tool call to its envelope (admission, handlers, attempts, shaping) with a fake transport at the designed seam."""
 
 from __future__ import annotations
 
@@ -19,14 +19,18 @@ from structlog.typing import Processor
 from yarl import URL
 
 from worker import errors, logs
-from worker.call.rendering import PreparedRequest
-from worker.call.run import TURNS_PER_CONNECTION, Runtime, ToolCall, execute, parse_call, shape_result
+from worker.call.admission import Turn
+from worker.call.run import run_call
+from worker.call.runtime import TURNS_PER_CONNECTION, Runtime
+from worker.call.shaping import shape_result
 from worker.constants import MAX_ARGUMENTS_BYTES, REDACTED
 from worker.definitions.model import ToolSet
 from worker.definitions.model import Upstream as UpstreamDef
 from worker.definitions.store import load
+from worker.definitions.templates import Template
 from worker.envelope import ToolResult
-from worker.http.transport import Limits, RedirectCheck, Response
+from worker.http.transport import Limits, PreparedRequest, RedirectCheck, Response
+from worker.protocol import ToolCall, parse_call
 
 ENV_SECRET = "env-secret-token-31337"
 CALL_SECRET = "call-header-secret-4242"
@@ -163,7 +167,7 @@ def run(toolset: ToolSet) -> Callable[..., Any]:
     async def go(message: dict[str, Any], *outcomes: Any) -> tuple[ToolResult, FakeTransport]:
         transport = FakeTransport(*outcomes)
         runtime = Runtime(toolset, ENVIRON, transport=transport)  # type: ignore[arg-type]
-        envelope = await execute(parse_call(message, "task-1"), runtime)
+        envelope = await run_call(parse_call(message, "task-1"), runtime)
         return envelope, transport
 
     return go
@@ -318,7 +322,7 @@ async def test_calls_to_one_upstream_take_turns(toolset: ToolSet) -> None:
     gate = Gate()
     transport = FakeTransport(gate)
     runtime = Runtime(narrow(toolset, 2), ENVIRON, transport=transport)  # type: ignore[arg-type]
-    calls = [asyncio.ensure_future(execute(parse_call(lookup(), f"task-{i}"), runtime)) for i in range(20)]
+    calls = [asyncio.ensure_future(run_call(parse_call(lookup(), f"task-{i}"), runtime)) for i in range(20)]
     while gate.holding < TURNS_PER_CONNECTION * 2:
         await asyncio.sleep(0)
     for _ in range(20):  # the others would have been rendered and sent by now
@@ -334,10 +338,10 @@ async def test_a_call_without_a_turn_in_its_time_is_exit_28_and_not_sent(toolset
     gate = Gate()
     transport = FakeTransport(gate)
     runtime = Runtime(narrow(toolset, 1), ENVIRON, transport=transport)  # type: ignore[arg-type]
-    busy = [asyncio.ensure_future(execute(parse_call(lookup(), f"busy-{i}"), runtime)) for i in range(2)]
+    busy = [asyncio.ensure_future(run_call(parse_call(lookup(), f"busy-{i}"), runtime)) for i in range(2)]
     while gate.holding < 2:
         await asyncio.sleep(0)
-    late = await execute(parse_call(lookup(timeoutSeconds=0.05), "late"), runtime)
+    late = await run_call(parse_call(lookup(timeoutSeconds=0.05), "late"), runtime)
     assert late.exit_code == 28 and late.error is not None
     assert "2 calls under way" in late.error["message"]
     assert len(transport.requests) == 2
@@ -350,10 +354,10 @@ async def test_a_call_gives_its_turn_back_while_it_waits_to_retry(toolset: ToolS
     later = dataclasses.replace(response(503), retry_after="1")
     transport = FakeTransport(later, later, response(200))
     runtime = Runtime(narrow(toolset, 1), ENVIRON, transport=transport)  # type: ignore[arg-type]
-    waiting = [asyncio.ensure_future(execute(parse_call(lookup(), f"waiting-{i}"), runtime)) for i in range(2)]
+    waiting = [asyncio.ensure_future(run_call(parse_call(lookup(), f"waiting-{i}"), runtime)) for i in range(2)]
     while len(transport.requests) < 2:
         await asyncio.sleep(0)
-    quick = await execute(parse_call(lookup(timeoutSeconds=0.5), "quick"), runtime)
+    quick = await run_call(parse_call(lookup(timeoutSeconds=0.5), "quick"), runtime)
     assert quick.exit_code == 0 and len(transport.requests) == 3
     assert [(e.exit_code, e.attempts) for e in await asyncio.gather(*waiting)] == [(0, 2), (0, 2)]
 
@@ -675,11 +679,22 @@ async def test_circuit_opens_and_its_state_is_exported(toolset: ToolSet) -> None
     transport = FakeTransport(errors.ConnectFailed("no route"))
     runtime = Runtime(toolset, ENVIRON, transport=transport)  # type: ignore[arg-type]
     for _ in range(2):  # 3 attempts each: 6 consecutive failures, past the default threshold of 5
-        assert (await execute(parse_call(lookup(), "task-1"), runtime)).exit_code == 7
+        assert (await run_call(parse_call(lookup(), "task-1"), runtime)).exit_code == 7
     sent = len(transport.requests)
     transport.outcomes = [response(200)]
-    refused = await execute(parse_call(lookup(), "task-2"), runtime)
+    refused = await run_call(parse_call(lookup(), "task-2"), runtime)
     assert refused.exit_code == 69 and len(transport.requests) == sent
     assert refused.error is not None and "retrying in" in refused.error["message"]
     upstream = toolset.tools["ticket_lookup"].upstream
     assert REGISTRY.get_sample_value("toolworker_circuit_state", {"upstream": upstream}) == 2
+
+
+async def test_a_turn_wait_past_the_deadline_reports_no_negative_time() -> None:
+    """A call whose deadline passed while it waited to queue for its turn says it waited 0 seconds, not less."""
+    turns = asyncio.Semaphore(1)
+    await turns.acquire()
+    upstream = UpstreamDef("busy", Template.literal("http://127.0.0.1:9"))
+    turn = Turn(turns, upstream, deadline=time.time() - 5)
+    with pytest.raises(errors.TimedOut) as raised:
+        await turn.take()
+    assert "waited 0 seconds" in raised.value.message

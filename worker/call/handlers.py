@@ -1,0 +1,92 @@
+"""One handler per tool kind. The kinds that send HTTP (a defined tool, `http_request`) share the path
+from the call's turn to its envelope, and differ in how the request is prepared and whom it may reach."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import structlog
+from yarl import URL
+
+from worker import logs, metrics
+from worker.call.admission import Turn
+from worker.call.attempt import Attempt, breaker_for, redirect_check
+from worker.call.rendering import render
+from worker.call.retries import send_with_retries
+from worker.call.runtime import Runtime
+from worker.call.shaping import describe_request, read_limit, shape_result
+from worker.definitions.model import IDEMPOTENT_METHODS, Tool, Upstream
+from worker.envelope import ToolResult
+from worker.http.transport import PreparedRequest
+from worker.protocol import ToolCall
+
+log = structlog.get_logger("toolworker.call")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A call admitted to run: its tool and upstream resolved, its arguments valid, its deadline known."""
+
+    call: ToolCall
+    tool: Tool
+    upstream: Upstream
+    arguments: dict[str, Any]
+    deadline: float
+
+
+class ToolHandler(Protocol):
+    async def answer(self, job: Job, runtime: Runtime, envelope: ToolResult) -> None:
+        """Fill the envelope, or raise a ToolError."""
+
+
+class HttpHandler(ABC):
+    """Sends the request its kind prepares: in the call's turn, with retries, shaped into the envelope."""
+
+    async def answer(self, job: Job, runtime: Runtime, envelope: ToolResult) -> None:
+        turn = Turn(runtime.turns(job.upstream), job.upstream, job.deadline)
+        await turn.take()
+        try:
+            request = self.prepare(job, runtime)
+            logs.bind_secrets(request.secrets)
+            if request.dropped_headers:
+                log.info("call.headers_dropped", headers=list(request.dropped_headers))
+            describe_request(envelope, request, job.upstream)
+            trusted = self.trusted_origin(request)
+            check = redirect_check(trusted, job.upstream, runtime.policy)
+            breaker = breaker_for(runtime, job.upstream, trusted)
+            attempt = Attempt(runtime, request, job.upstream, job.deadline, check, trusted, breaker, turn)
+            with metrics.in_flight(job.tool.name, job.upstream.name):
+                response = await send_with_retries(attempt, envelope, read_limit(job.tool, job.upstream))
+            shape_result(envelope, response, job.tool, job.upstream, request.secrets)
+        finally:
+            turn.give_back()
+
+    @abstractmethod
+    def prepare(self, job: Job, runtime: Runtime) -> PreparedRequest:
+        """The request to send, rendered without I/O."""
+
+    @abstractmethod
+    def trusted_origin(self, request: PreparedRequest) -> URL | None:
+        """The origin reached without the egress check (trusted configuration); None: check every hop."""
+
+
+class DefinedTool(HttpHandler):
+    """A tool rendered from its definition's templates; it reaches its own upstream only."""
+
+    def prepare(self, job: Job, runtime: Runtime) -> PreparedRequest:
+        request = render(job.tool, job.upstream, job.arguments, job.call.headers, runtime.environ)
+        return with_idempotency_key(request, job.upstream, job.call)
+
+    def trusted_origin(self, request: PreparedRequest) -> URL | None:
+        return URL(request.url, encoded=True).origin()
+
+
+def with_idempotency_key(request: PreparedRequest, upstream: Upstream, call: ToolCall) -> PreparedRequest:
+    """Unsafe methods are retried only on opt-in, and then carry the callId so the upstream can dedupe."""
+    if request.method in IDEMPOTENT_METHODS or not upstream.retry.unsafe_methods:
+        return request
+    if any(name.lower() == "idempotency-key" for name, _ in request.headers):
+        return request
+    return replace(request, headers=(*request.headers, ("Idempotency-Key", call.call_id)))

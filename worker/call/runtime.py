@@ -1,0 +1,79 @@
+"""What the calls of one worker process share: the tools, the HTTP pools, the breakers, Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+from jsonschema import Draft202012Validator
+
+from worker import errors
+from worker.call.circuit import Breakers
+from worker.constants import TOOL_ALIASES
+from worker.definitions.model import Tool, ToolSet, Upstream
+from worker.http.egress import EgressPolicy
+from worker.http.transport import HttpTransport
+
+# Calls to one upstream under way at once (rendered, sent or being answered), per pooled connection:
+# enough that a connection coming free finds its next request ready.
+TURNS_PER_CONNECTION = 2
+
+
+class Runtime:
+    """Built once per worker process, with everything it depends on passed in."""
+
+    def __init__(
+        self,
+        toolset: ToolSet,
+        environ: Mapping[str, str],
+        transport: HttpTransport | None = None,
+        policy: EgressPolicy | None = None,
+        redis: aioredis.Redis | None = None,
+    ) -> None:
+        self.toolset = toolset
+        self.environ = environ
+        self.policy = policy or EgressPolicy.parse("")
+        self.transport = transport or HttpTransport(self.policy)
+        # Shared state between workers (rate limits); None where no Redis is at hand (unit tests).
+        self.redis = redis
+        self.breakers = Breakers()
+        self._validators: dict[str, Draft202012Validator] = {}
+        self._turns: dict[str, asyncio.Semaphore] = {}
+
+    def resolve(self, name: str) -> tuple[Tool, Upstream]:
+        tool = self.toolset.tools.get(TOOL_ALIASES.get(name, name))
+        if tool is None:
+            if name in self.toolset.unusable:
+                raise errors.ToolMisconfigured(
+                    f"The tool {name!r} cannot be used because its definition is broken. Tell the operator."
+                )
+            raise errors.UnknownTool(f"There is no tool named {name!r}. Use one of the tools you were given.")
+        return tool, self.toolset.upstreams[tool.upstream]
+
+    def upstream_of(self, name: str) -> str | None:
+        """The upstream of a tool; None when the name (the model's) resolves to no tool."""
+        tool = self.toolset.tools.get(TOOL_ALIASES.get(name, name))
+        return tool.upstream if tool is not None else None
+
+    def swap(self, toolset: ToolSet) -> None:
+        """Serve a new set of tools from the next call on (calls in flight keep theirs); pools whose
+        upstream settings changed are retired."""
+        self.toolset, self._validators, self._turns = toolset, {}, {}
+        self.transport.retire(toolset.upstreams.values())
+
+    def turns(self, upstream: Upstream) -> asyncio.Semaphore:
+        """The turns of the calls to one upstream (see `admission.Turn`)."""
+        turns = self._turns.get(upstream.name)
+        if turns is None:
+            turns = self._turns[upstream.name] = asyncio.Semaphore(TURNS_PER_CONNECTION * upstream.max_concurrency)
+        return turns
+
+    def validator(self, tool: Tool) -> Draft202012Validator:
+        validator = self._validators.get(tool.name)
+        if validator is None:
+            validator = self._validators[tool.name] = Draft202012Validator(tool.input_schema)
+        return validator
+
+    async def close(self) -> None:
+        await self.transport.close()

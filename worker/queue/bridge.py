@@ -1,0 +1,89 @@
+"""From Celery to the process's event loop: the service of this process, and the work of one message.
+
+Celery runs task code on its own threads (the consumer for our pool, pool threads otherwise); all the
+calls of a process run on one long-lived loop (worker/loop.py), so connection pools are reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Coroutine, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from worker.constants import TASK_EXECUTE
+from worker.definitions import shared
+from worker.loop import process_loop
+from worker.queue.service import Service, build_service
+from worker.settings import get_settings
+
+_service: tuple[int, Service, Future[None] | None] | None = None
+_lock = threading.Lock()
+
+
+def process_service() -> Service:
+    """The service of this process, built on first use (and again in a forked child)."""
+    global _service
+    with _lock:
+        if _service is None or _service[0] != os.getpid():
+            settings = get_settings()
+            bundles = shared.Bundles() if settings.store == "redis" else None
+            service = build_service(settings, bundles)
+            follower = None
+            if bundles is not None:
+                follow = shared.follow(
+                    service.publisher.client,
+                    bundles,
+                    service.definitions_version,
+                    settings.store_poll_seconds,
+                    service.switch,
+                )
+                follower = asyncio.run_coroutine_threadsafe(follow, process_loop().loop)
+            _service = (os.getpid(), service, follower)
+        return _service[1]
+
+
+def close_process_service(timeout_s: float = 5.0) -> None:
+    """Stop following versions and close the service's connections (a worker that stops)."""
+    global _service
+    with _lock:
+        if _service is None or _service[0] != os.getpid():
+            return
+        _, service, follower = _service
+        _service = None
+    if follower is not None:
+        follower.cancel()
+    process_loop().run(service.close(), timeout_s)
+
+
+def serve_task(
+    task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None
+) -> Coroutine[Any, Any, Any]:
+    """The work of one task message, ending with the task's result: `execute` carries a call (its
+    summary), `execute_batch` a list of them (theirs). kombu marks every message it delivers again
+    (restored after a lost worker or connection) `redelivered`. Bounded by the visibility timeout, on
+    whichever path it runs, since it cannot be of use once the message is delivered again anyway."""
+    service = process_service()  # built at worker start; never on the loop
+    redelivered = bool((delivery_info or {}).get("redelivered", True))
+    if task == TASK_EXECUTE:
+        work: Awaitable[Any] = _first(service.serve([payload], task_id, batch=False, redelivered=redelivered))
+    else:
+        calls = payload if isinstance(payload, list) else [payload]
+        work = service.serve(calls, task_id, batch=True, redelivered=redelivered)
+    return _bounded(work, get_settings().visibility_timeout_seconds)
+
+
+async def _bounded(work: Awaitable[Any], limit_s: float) -> Any:
+    return await asyncio.wait_for(work, limit_s)
+
+
+async def _first(summaries: Awaitable[list[dict[str, Any]]]) -> dict[str, Any] | None:
+    done = await summaries
+    return done[0] if done else None
+
+
+def run_task(task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None) -> Any:
+    """Bridge from a Celery pool thread to the process loop (the bound is inside `serve_task`)."""
+    return process_loop().run(serve_task(task, task_id, payload, delivery_info))
