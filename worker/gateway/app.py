@@ -51,6 +51,16 @@ class _Late:
     mcp: StreamableHTTPSessionManager
 
 
+class _McpEndpoint:
+    """An ASGI app (Starlette routes a class instance's scope to it as it is) for the SDK's transport."""
+
+    def __init__(self, late: _Late) -> None:
+        self._late = late
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._late.mcp.handle_request(scope, receive, send)
+
+
 def create_app(settings: Settings, options: Options) -> Starlette:
     late = _Late()
 
@@ -71,15 +81,12 @@ def create_app(settings: Settings, options: Options) -> Starlette:
             async with late.mcp.run():
                 yield
 
-    async def mcp_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
-        await late.mcp.handle_request(scope, receive, send)
-
     async def openapi_document(request: Request) -> Response:
         return JSONResponse(openapi.document(str(request.base_url).rstrip("/"), version()))
 
     app = Starlette(
         routes=[
-            Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
+            Route("/mcp", _McpEndpoint(late), methods=["GET", "POST", "DELETE"]),
             Route("/v1/openapi.json", openapi_document, methods=["GET"]),
         ],
         lifespan=lifespan,

@@ -110,7 +110,7 @@ class Calls:
     async def tool_of(self, call_id: str) -> str | None:
         """The tool of a call the gateway enqueued (within the result TTL), else None."""
         claim = await self._redis.get(GATEWAY_CALL_KEY_PREFIX + call_id)
-        return None if claim is None else claim.decode().partition(" ")[2]
+        return None if claim is None else _text(claim).partition(" ")[2]
 
     async def withdraw(self, call_id: str, tool: str) -> bool:
         """Take a call that has not started off the queue; its callId is free again afterwards."""
@@ -126,7 +126,7 @@ class Calls:
         if await self._redis.set(key, mark, nx=True, ex=self._claim_ttl_s):
             return True
         existing = await self._redis.get(key)
-        if existing is not None and existing.decode() != mark:
+        if existing is not None and _text(existing) != mark:
             raise CallIdConflict(f"The callId {call_id!r} already names a call with another tool or other arguments.")
         return False
 
@@ -144,6 +144,10 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
         await catalog.close()
         await client.aclose()
         await redis.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:

@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
-from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY
-from worker.definitions import catalog, store
+from worker.definitions import catalog, shared, store
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
 from worker.settings import Settings
@@ -31,9 +30,9 @@ def served_toolset(toolset: ToolSet, settings: Settings) -> ToolSet:
     """The toolset the workers serve from these definitions (built-in catalog tools included).
 
     The one place the gateway asks the worker side for it."""
-    from worker.call.catalog_tools import with_builtins
+    from worker.call.run import served_toolset as served
 
-    return with_builtins(toolset, EgressPolicy.parse(settings.egress_allow))
+    return served(toolset, EgressPolicy.parse(settings.egress_allow))
 
 
 def with_tags(toolset: ToolSet, tags: Iterable[str]) -> ToolSet:
@@ -123,33 +122,21 @@ class Catalog:
             toolset = await asyncio.to_thread(store.load, [self._settings.definitions])
             self._replace(0, toolset)
             return
-        await self._refresh(client)
-        if not self._loaded:
+        bundles = shared.Bundles()
+        payload = await asyncio.to_thread(_current_payload, self._settings.redis_url)
+        if payload is None:
             log.warning("gateway.no_definitions_published", hint="run `toolworker publish`")
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(client))
+        else:
+            self._replace(*await asyncio.to_thread(bundles.load, payload))
+        poll_s = self._settings.store_poll_seconds
+        watch = shared.follow(client, bundles, self.snapshot.version, poll_s, self._replace)
+        self._watcher = asyncio.get_running_loop().create_task(watch)
 
     async def close(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
-
-    async def _watch(self, client: aioredis.Redis) -> None:
-        while True:
-            await asyncio.sleep(self._settings.store_poll_seconds)
-            try:
-                await self._refresh(client)
-            except RedisError as exc:
-                log.warning("gateway.definitions_poll_failed", error=str(exc))
-
-    async def _refresh(self, client: aioredis.Redis) -> None:
-        current = int(await client.get(DEFINITIONS_CURRENT_KEY) or 0)
-        if current == 0 or current == self.snapshot.version:
-            return
-        payload = await client.get(DEFINITIONS_BUNDLE_PREFIX + str(current))
-        if payload is not None:
-            version, toolset = await asyncio.to_thread(store.load_bundle, payload)
-            self._replace(version, toolset)
 
     def _replace(self, version: int, toolset: ToolSet) -> None:
         changed, self._loaded = self._loaded, True
@@ -158,3 +145,11 @@ class Catalog:
         if changed:  # the first load changes nothing a client has seen
             for listener in self._listeners:
                 listener(self.snapshot)
+
+
+def _current_payload(redis_url: str) -> bytes | None:
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
+    try:
+        return shared.current_payload(client)
+    finally:
+        client.close()

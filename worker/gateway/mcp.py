@@ -25,7 +25,7 @@ import base64
 import binascii
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import mcp_types as types
 import structlog
@@ -76,17 +76,18 @@ class McpFront:
             version=version(),
             instructions=INSTRUCTIONS,
             get_tool_input_schema=self._input_schema,
-            on_list_tools=self.list_tools,
-            on_call_tool=self.call_tool,
             on_subscriptions_listen=ListenHandler(self.bus),
         )
+        # Registered by method: the handlers answer with the wire's dicts (the SDK validates them once).
+        server.add_request_handler("tools/list", types.PaginatedRequestParams, self.list_tools)
+        server.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)
         return server
 
     # --- tools/list -------------------------------------------------------------------------------
 
-    async def list_tools(self, ctx: Context, params: types.PaginatedRequestParams | None) -> dict[str, Any]:
+    async def list_tools(self, ctx: Context, params: types.PaginatedRequestParams) -> dict[str, Any]:
         self._remember(ctx)
-        last = _decode_cursor(params.cursor if params else None)
+        last = _decode_cursor(params.cursor)
         if self.mode == "discovery":
             tools, next_name = discovery.META_TOOLS, None
         else:
@@ -106,9 +107,9 @@ class McpFront:
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
         """For the SDK's `Mcp-Param-*` header check, without listing every page."""
         if self.mode == "discovery" and name in discovery.META_TOOL_NAMES:
-            return next(t["inputSchema"] for t in discovery.META_TOOLS if t["name"] == name)
+            return cast(Mapping[str, Any], next(t["inputSchema"] for t in discovery.META_TOOLS if t["name"] == name))
         found = self.calls.catalog.snapshot.mcp_tools([name])
-        return found[0]["inputSchema"] if found else None
+        return cast(Mapping[str, Any], found[0]["inputSchema"]) if found else None
 
     # --- tools/call -------------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ output carries the protocol only. There are no request headers on stdio, so no p
 
 from __future__ import annotations
 
-import anyio
+import asyncio
+
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.stdio import stdio_server
 
@@ -27,5 +28,5 @@ async def _serve(settings: Settings, options: Options) -> None:
 
 
 def serve_stdio(settings: Settings, options: Options) -> int:
-    anyio.run(_serve, settings, options)
+    asyncio.run(_serve(settings, options))
     return 0

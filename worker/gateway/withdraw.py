@@ -14,7 +14,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from worker.constants import DEFAULT_QUEUE, ROUTES_KEY, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.definitions.shared import read_routes
 from worker.protocol import redacted_repr
 
 # The waiting messages looked through, newest first (a call further back is about to be taken anyway).
@@ -23,11 +24,10 @@ SCAN_LIMIT = 10_000
 
 async def withdraw(client: aioredis.Redis, tool: str, call_id: str) -> bool:
     """Take the call off its queue; False when it is not waiting there (started, answered or unknown)."""
-    queue_name = await client.hget(ROUTES_KEY, tool)  # type: ignore[misc]  # redis-py's hget is typed sync|async
-    queue = queue_name.decode() if isinstance(queue_name, bytes) else DEFAULT_QUEUE
+    queue = (await read_routes(client)).get(tool, DEFAULT_QUEUE)
     # The call sits in the message's body, a JSON text inside the message's JSON: escaped twice.
     needle = json.dumps(json.dumps(call_id)[1:-1])[1:-1].encode()
-    raw_messages: list[bytes] = await client.lrange(queue, 0, SCAN_LIMIT - 1)  # type: ignore[misc]
+    raw_messages: list[Any] = await client.lrange(queue, 0, SCAN_LIMIT - 1)
     for raw in raw_messages:
         if needle not in raw:
             continue
@@ -35,7 +35,7 @@ async def withdraw(client: aioredis.Redis, tool: str, call_id: str) -> bool:
         if not found:
             continue
         if rest is None:
-            return bool(await client.lrem(queue, 1, raw))  # type: ignore[misc]
+            return bool(await client.lrem(queue, 1, raw))
         async with client.pipeline(transaction=True) as pipe:
             pipe.linsert(queue, "BEFORE", raw, rest)
             pipe.lrem(queue, 1, raw)
@@ -44,7 +44,7 @@ async def withdraw(client: aioredis.Redis, tool: str, call_id: str) -> bool:
     return False
 
 
-def _without(raw: bytes, call_id: str) -> tuple[bool, bytes | None]:
+def _without(raw: bytes, call_id: str) -> tuple[bool, str | None]:
     """Whether the message holds the call, and the message without it (None: nothing would be left)."""
     try:
         message = json.loads(raw)
@@ -66,4 +66,4 @@ def _without(raw: bytes, call_id: str) -> tuple[bool, bytes | None]:
     body[0][0] = kept
     message["body"] = json.dumps(body)
     message["headers"]["argsrepr"] = redacted_repr([kept])
-    return True, json.dumps(message).encode()
+    return True, json.dumps(message)
