@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from worker.gateway import openapi, version
 from worker.gateway.calls import Calls, open_calls
@@ -33,6 +33,7 @@ from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.rest import Rest, error
 from worker.gateway.security import Guard, is_loopback, origins
 from worker.gateway.toolserver import ToolServer
+from worker.queue.heap import settle_heap
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway")
@@ -52,7 +53,7 @@ class _Late:
 
 
 class _McpEndpoint:
-    """An ASGI app (Starlette routes a class instance's scope to it as it is) for the SDK's transport."""
+    """`/mcp`: the SDK's transport as an ASGI app, reached from the Guard without Starlette's routing."""
 
     def __init__(self, late: _Late) -> None:
         self._late = late
@@ -61,7 +62,7 @@ class _McpEndpoint:
         await self._late.mcp.handle_request(scope, receive, send)
 
 
-def create_app(settings: Settings, options: Options) -> Starlette:
+def create_app(settings: Settings, options: Options) -> ASGIApp:
     late = _Late()
 
     @contextlib.asynccontextmanager
@@ -78,6 +79,7 @@ def create_app(settings: Settings, options: Options) -> Starlette:
             )
             for route in _routes(calls, settings):
                 app.router.routes.append(route)
+            settle_heap()  # as the worker does: the start-up heap out of the collector's way
             async with late.mcp.run():
                 yield
 
@@ -86,14 +88,15 @@ def create_app(settings: Settings, options: Options) -> Starlette:
 
     app = Starlette(
         routes=[
-            Route("/mcp", _McpEndpoint(late), methods=["GET", "POST", "DELETE"]),
             Route("/v1/openapi.json", openapi_document, methods=["GET"]),
         ],
         lifespan=lifespan,
         exception_handlers={404: _not_found, 405: _not_allowed},
     )
     tokens = settings.gateway_token_list
-    return Guard(app, tokens, origins(settings.gateway_allowed_origins), settings.gateway_max_body_bytes)  # type: ignore[return-value]
+    allowed = origins(settings.gateway_allowed_origins)
+    guard = Guard(app, tokens, allowed, settings.gateway_max_body_bytes, mcp=_McpEndpoint(late))
+    return guard
 
 
 def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:

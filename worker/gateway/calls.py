@@ -20,10 +20,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from worker.client import AsyncToolClient
-from worker.constants import GATEWAY_CALL_KEY_PREFIX
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.gateway.catalog import Catalog
+from worker.gateway.claims import Claim, Claims
 from worker.gateway.headers import forwarded
 from worker.gateway.health import FleetHealth
 from worker.gateway.withdraw import withdraw
@@ -71,7 +71,7 @@ class Calls:
         self.catalog = catalog
         self.health = health
         self._redis = redis
-        self._claim_ttl_s = claim_ttl_s
+        self._claims = Claims(redis, claim_ttl_s)
 
     def resolve(self, name: str) -> Tool:
         tool = self.catalog.snapshot.tool(name)
@@ -92,7 +92,7 @@ class Calls:
         try:
             await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id])
         except BaseException:  # not enqueued: the same callId may be sent again
-            await self._redis.delete(GATEWAY_CALL_KEY_PREFIX + call_id)
+            await self._claims.release(call_id)
             raise
         return Submitted(call_id, tool, enqueued=True)
 
@@ -103,32 +103,25 @@ class Calls:
         except TimeoutError:
             return None
 
-    async def run(self, spec: CallSpec, wait_s: float | None = None) -> tuple[Submitted, ToolResult | None]:
-        submitted = await self.submit(spec)
-        return submitted, await self.wait(submitted.call_id, spec.timeout_s if wait_s is None else wait_s)
-
     async def tool_of(self, call_id: str) -> str | None:
         """The tool of a call the gateway enqueued (within the result TTL), else None."""
-        claim = await self._redis.get(GATEWAY_CALL_KEY_PREFIX + call_id)
-        return None if claim is None else _text(claim).partition(" ")[2]
+        claim = await self._claims.get(call_id)
+        return None if claim is None else claim.tool
 
     async def withdraw(self, call_id: str, tool: str) -> bool:
         """Take a call that has not started off the queue; its callId is free again afterwards."""
         if not await withdraw(self._redis, tool, call_id):
             return False
-        await self._redis.delete(GATEWAY_CALL_KEY_PREFIX + call_id)
+        await self._claims.release(call_id)
         return True
 
     async def _claim(self, call_id: str, spec: CallSpec) -> bool:
         """True when this callId is new (and now claimed); raises CallIdConflict for another call's id."""
-        key = GATEWAY_CALL_KEY_PREFIX + call_id
-        mark = f"{fingerprint(spec.tool, spec.arguments)} {spec.tool}"
-        if await self._redis.set(key, mark, nx=True, ex=self._claim_ttl_s):
-            return True
-        existing = await self._redis.get(key)
-        if existing is not None and _text(existing) != mark:
+        claim = Claim(fingerprint(spec.tool, spec.arguments), spec.tool)
+        existing = await self._claims.claim(call_id, claim)
+        if existing is not None and existing != claim:
             raise CallIdConflict(f"The callId {call_id!r} already names a call with another tool or other arguments.")
-        return False
+        return existing is None
 
 
 @asynccontextmanager
@@ -144,10 +137,6 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
         await catalog.close()
         await client.aclose()
         await redis.aclose()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:

@@ -78,6 +78,8 @@ class McpFront:
             get_tool_input_schema=self._input_schema,
             on_subscriptions_listen=ListenHandler(self.bus),
         )
+        # Tracing is issue §10's: until the gateway exports spans, the SDK's no-op span only costs time.
+        server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)
         # Registered by method: the handlers answer with the wire's dicts (the SDK validates them once).
         server.add_request_handler("tools/list", types.PaginatedRequestParams, self.list_tools)
         server.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)

@@ -34,8 +34,17 @@ async def send_json(send: Send, status: int, body: bytes, headers: Iterable[tupl
 class Guard:
     """Pure ASGI middleware (no per-request task or copy beyond the body it must measure)."""
 
-    def __init__(self, app: ASGIApp, tokens: list[str], allowed_origins: list[str], max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: list[str],
+        allowed_origins: list[str],
+        max_body_bytes: int,
+        mcp: ASGIApp | None = None,
+    ) -> None:
         self.app = app
+        # /mcp goes straight to the SDK's transport, which caps its bodies itself (no second copy here).
+        self.mcp = mcp
         self.tokens = [t.encode() for t in tokens]
         self.origins = allowed_origins or list(LOOPBACK_ORIGINS)
         self.max_body_bytes = max_body_bytes
@@ -48,6 +57,9 @@ class Guard:
         if refusal is not None:
             status, kind, message, extra = refusal
             await send_json(send, status, error_body(kind, message), extra)
+            return
+        if self.mcp is not None and scope["path"] == "/mcp":
+            await self.mcp(scope, receive, send)
             return
         body = await self._body(scope, receive)
         if body is None:
