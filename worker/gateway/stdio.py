@@ -8,6 +8,9 @@ output carries the protocol only. There are no request headers on stdio, so no p
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
+from pathlib import Path
 
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.stdio import stdio_server
@@ -30,3 +33,12 @@ async def _serve(settings: Settings, options: Options) -> None:
 def serve_stdio(settings: Settings, options: Options) -> int:
     asyncio.run(_serve(settings, options))
     return 0
+
+
+def desktop_config(redis_url: str, definitions: Path) -> str:
+    """The `mcpServers` entry a desktop MCP client needs to run `toolworker mcp` on this machine (the gateway
+    needs no upstream's URL or secret: those stay with the workers)."""
+    env = {"TOOLWORKER_REDIS_URL": redis_url, "TOOLWORKER_DEFINITIONS": str(definitions.resolve())}
+    script = Path(sys.executable).with_name("toolworker")
+    entry = {"command": str(script), "args": ["mcp"], "env": env}
+    return json.dumps({"mcpServers": {"toolworker": entry}}, indent=2)
