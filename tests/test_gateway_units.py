@@ -30,7 +30,7 @@ def toolset(count: int = 7) -> ToolSet:
     upstream = Upstream("api", Template.literal("http://api.test"), overridable_headers=frozenset({"x-user-token"}))
     tools = {
         f"tool_{i}": Tool(
-            f"tool_{i}", "api", RequestTemplate(method="GET"), f"Tool {i}.", ("even" if i % 2 else "odd",)
+            f"tool_{i}", "api", RequestTemplate(method="GET"), f"Tool {i}.", ("odd" if i % 2 else "even",)
         )
         for i in range(count)
     }
