@@ -257,3 +257,17 @@ async def test_stdio_server_lists_and_calls(gateway_stack: Stack) -> None:
             assert result.is_error is False and json.loads(text_of(result))["path"] == "/echo/items/stdio"
             with pytest.raises(MCPError):
                 await client.call_tool("status", {"code": 200})  # not offered under --tag echo
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_long_call_reports_progress(gateway_stack: Stack, mode: str) -> None:
+    """A client that asks for progress hears from a call that waits, then gets its result."""
+    reports: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        reports.append(progress)
+
+    async with mcp_client(gateway_stack, mode) as client:
+        result = await client.call_tool("slow", {"delay": 2.5}, progress_callback=on_progress)
+    assert result.is_error is False and json.loads(text_of(result)) == {"slow": True}
+    assert reports and reports == sorted(reports)

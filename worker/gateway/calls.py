@@ -1,10 +1,12 @@
 """Calls through the queue, as every front end of the gateway makes them.
 
 A call is enqueued with the project's own `AsyncToolClient` and answered from its envelope; the gateway
-never speaks HTTP to an upstream. Each callId is claimed in Redis (`SET NX`, with a fingerprint of the
-tool and arguments) before it is enqueued, so that a client sending the same callId again - after a
-lost response, or to another gateway process after this one died - is answered from the first call
-(its stored envelope) instead of running it twice; the same callId with other arguments is a conflict.
+never speaks HTTP to an upstream. A callId the client chose is claimed in Redis (claims.py: `SET NX`,
+with a fingerprint of the tool and arguments) before the call is enqueued, so that a client sending the
+same callId again - after a lost response, or to another gateway process after this one died - is
+answered from the first call (its stored envelope) instead of running it twice; the same callId with
+other arguments is a conflict. A callId the gateway made up cannot come twice: it is claimed only when
+the client is given it to come back with (202, or a wait that ran out).
 """
 
 from __future__ import annotations
@@ -85,16 +87,23 @@ class Calls:
         tool = self.resolve(spec.tool)
         await self.health.admit()
         call_id = spec.call_id or str(uuid.uuid4())
-        if not await self._claim(call_id, spec):
+        if spec.call_id is not None and not await self._claim(call_id, spec):
             return Submitted(call_id, tool, enqueued=False)
         headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
         call = (spec.tool, dict(spec.arguments), headers)
         try:
             await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id])
         except BaseException:  # not enqueued: the same callId may be sent again
-            await self._claims.release(call_id)
+            if spec.call_id is not None:
+                await self._claims.release(call_id)
             raise
         return Submitted(call_id, tool, enqueued=True)
+
+    async def hold(self, submitted: Submitted, spec: CallSpec) -> None:
+        """Before a client is given a callId to come back with: claim it (if the client did not name it),
+        so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope)."""
+        if spec.call_id is None:
+            await self._claim(submitted.call_id, spec)
 
     async def wait(self, call_id: str, timeout_s: float) -> ToolResult | None:
         """The call's envelope, or None when it does not come within `timeout_s`."""

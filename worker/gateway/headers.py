@@ -8,17 +8,15 @@ for an upstream that would accept one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from worker.definitions.model import Upstream
 
 NEVER_FORWARDED = frozenset({"authorization", "host", "content-length", "content-type", "transfer-encoding"})
 
 
-def forwarded(headers: Iterable[tuple[str, str]] | Mapping[str, str], upstream: Upstream) -> dict[str, str]:
-    """The headers (lower-case names) this upstream takes from the client's request."""
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    accepted = upstream.overridable_headers
-    return {
-        name.lower(): value for name, value in pairs if name.lower() in accepted and name.lower() not in NEVER_FORWARDED
-    }
+def forwarded(headers: Mapping[str, str], upstream: Upstream) -> dict[str, str]:
+    """The headers (lower-case names) this upstream takes from the client's request; `headers` is looked
+    up by lower-case name (a request's case-insensitive headers, or a dict with lower-case keys)."""
+    found = {name: headers.get(name) for name in upstream.overridable_headers - NEVER_FORWARDED}
+    return {name: value for name, value in found.items() if value is not None}

@@ -24,8 +24,8 @@ import asyncio
 import base64
 import binascii
 import time
-from collections.abc import Mapping
-from typing import Any, Literal, cast
+from collections.abc import Coroutine, Mapping
+from typing import Any, Literal, TypeVar, cast
 
 import mcp_types as types
 import structlog
@@ -35,6 +35,7 @@ from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.requests import Request
 
 from worker.envelope import ToolResult
 from worker.gateway import discovery, metrics, version
@@ -54,6 +55,9 @@ INSTRUCTIONS = (
     f"_meta['{CALL_META_KEY}'] holds its callId, statusCode, exitCode and attempts."
 )
 _CURSOR_PREFIX = "after:"
+# How often a waiting call reports progress to a client that asked for it.
+PROGRESS_EVERY_S = 1.0
+T = TypeVar("T")
 
 
 class McpFront:
@@ -150,12 +154,25 @@ class McpFront:
         except FleetUnavailable as exc:
             return _text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
         try:
-            envelope = await self.calls.wait(submitted.call_id, self.timeout_s)
-        except BaseException:  # cancelled: a call that has not started is not run
+            envelope = await self._envelope(ctx, submitted.call_id)
+        except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
             self._spawn(self._withdraw(submitted.call_id, name))
             raise
+        if envelope is None:
+            await self.calls.hold(submitted, spec)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         return tool_result(envelope, submitted.call_id, self.timeout_s)
+
+    async def _envelope(self, ctx: Context, call_id: str) -> ToolResult | None:
+        """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to
+        a client that asked for it."""
+        watchers: list[Coroutine[Any, Any, None]] = []
+        if isinstance(ctx.request, Request):
+            watchers.append(_hang_up(ctx.request))
+        if _asked_for_progress(ctx):
+            watchers.append(_report_progress(ctx.session, PROGRESS_EVERY_S))
+        waiting = self.calls.wait(call_id, self.timeout_s)
+        return await (_unless(waiting, watchers) if watchers else waiting)
 
     async def _withdraw(self, call_id: str, tool: str) -> None:
         withdrawn = await self.calls.withdraw(call_id, tool)
@@ -237,11 +254,54 @@ def _meta(params: types.RequestParams) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def _request_headers(ctx: Context) -> dict[str, str]:
-    """The HTTP request's headers (lower-case names); none on stdio."""
-    request = ctx.request
-    headers = getattr(request, "headers", None)
-    return {k.lower(): v for k, v in headers.items()} if headers is not None else {}
+def _asked_for_progress(ctx: Context) -> bool:
+    """Whether the request's raw `_meta` carries a progressToken."""
+    meta = (ctx.params or {}).get("_meta")
+    return isinstance(meta, Mapping) and meta.get("progressToken") is not None
+
+
+def _request_headers(ctx: Context) -> Mapping[str, str]:
+    """The HTTP request's headers (looked up by lower-case name); none on stdio."""
+    return ctx.request.headers if isinstance(ctx.request, Request) else {}
+
+
+class ClientGone(MCPError):
+    """The HTTP client closed its request while its call was waiting (a 2026-07-28 client cancels so)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            code=types.INTERNAL_ERROR, message="The request was closed; its call was withdrawn if it had not started."
+        )
+
+
+async def _unless(waiting: Coroutine[Any, Any, T], watchers: list[Coroutine[Any, Any, None]]) -> T:
+    """What `waiting` gives, unless a watcher ends first (the client hung up): then ClientGone."""
+    main = asyncio.ensure_future(waiting)
+    others = [asyncio.ensure_future(watcher) for watcher in watchers]
+    try:
+        await asyncio.wait([main, *others], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in others:
+            task.cancel()
+    if not main.done():
+        main.cancel()
+        raise ClientGone()
+    return main.result()
+
+
+async def _hang_up(request: Request) -> None:
+    """Returns when the client closes the request (the body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _report_progress(session: ServerSession, every_s: float) -> None:
+    """Progress notifications while a call waits (its seconds so far), for a client that sent a token."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(every_s)
+        waited = time.monotonic() - started
+        await session.report_progress(waited, None, f"Waiting for the call's result: {waited:.0f} s so far.")
 
 
 def _encode_cursor(last_name: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -121,10 +122,14 @@ class Rest:
     async def create_call(self, request: Request) -> Response:
         body = parse(CallBody, await json_body(request))
         started = time.perf_counter()
-        submitted = await self.calls.submit(self._spec(body, request))
+        spec = self._spec(body, request)
+        submitted = await self.calls.submit(spec)
         envelope = await self._answer(submitted, body.wait, body.waitSeconds, body.timeoutSeconds)
         metrics.observe("rest", envelope, time.perf_counter() - started)
-        return JSONResponse(envelope.to_dict()) if envelope is not None else pending(submitted.call_id)
+        if envelope is None:
+            await self.calls.hold(submitted, spec)
+            return pending(submitted.call_id)
+        return JSONResponse(envelope.to_dict())
 
     async def get_call(self, request: Request) -> Response:
         call_id = request.path_params["call_id"]
@@ -138,9 +143,9 @@ class Rest:
     async def withdraw_call(self, request: Request) -> Response:
         call_id = request.path_params["call_id"]
         tool = await self.calls.tool_of(call_id)
-        if tool is None:
+        if tool is None and await self.calls.wait(call_id, 0.0) is None:
             return error(404, "unknown_call", f"No call {call_id!r} is waiting.")
-        if await self.calls.withdraw(call_id, tool):
+        if tool is not None and await self.calls.withdraw(call_id, tool):
             metrics.WITHDRAWN.inc()
             return JSONResponse({"callId": call_id, "withdrawn": True})
         return error(409, "already_started", "The call was taken by a worker already; it runs to its end.")
@@ -152,10 +157,12 @@ class Rest:
         return JSONResponse({"results": outcomes})
 
     async def _batch_item(self, call: CallBody, batch: BatchBody, request: Request) -> dict[str, Any]:
+        spec = self._spec(call, request)
         try:
-            submitted = await self.calls.submit(self._spec(call, request))
+            submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
-            return ToolResult.failure(call.callId or "", call.tool, errors.UnknownTool(str(exc))).to_dict()
+            call_id = call.callId or str(uuid.uuid4())
+            return ToolResult.failure(call_id, call.tool, errors.UnknownTool(str(exc))).to_dict()
         except CallIdConflict as exc:
             return {
                 "callId": call.callId,
@@ -163,7 +170,10 @@ class Rest:
                 "error": {"type": "call_id_conflict", "message": str(exc)},
             }
         envelope = await self._answer(submitted, batch.wait, batch.waitSeconds, call.timeoutSeconds)
-        return envelope.to_dict() if envelope is not None else {"callId": submitted.call_id, "status": "pending"}
+        if envelope is None:
+            await self.calls.hold(submitted, spec)
+            return {"callId": submitted.call_id, "status": "pending"}
+        return envelope.to_dict()
 
     def _spec(self, body: CallBody, request: Request) -> CallSpec:
         headers = {**request.headers, **{k.lower(): v for k, v in body.headers.items()}}

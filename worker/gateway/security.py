@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 OPEN_PATHS = frozenset({"/healthz"})
+# The request body, as the Guard read it, for the /mcp endpoint to look at (ASGI scopes take custom keys).
+BODY_SCOPE_KEY = "toolworker.body"
 LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -43,7 +45,7 @@ class Guard:
         mcp: ASGIApp | None = None,
     ) -> None:
         self.app = app
-        # /mcp goes straight to the SDK's transport, which caps its bodies itself (no second copy here).
+        # /mcp goes straight to the SDK's transport, without Starlette's routing (its body in the scope).
         self.mcp = mcp
         self.tokens = [t.encode() for t in tokens]
         self.origins = allowed_origins or list(LOOPBACK_ORIGINS)
@@ -58,12 +60,13 @@ class Guard:
             status, kind, message, extra = refusal
             await send_json(send, status, error_body(kind, message), extra)
             return
-        if self.mcp is not None and scope["path"] == "/mcp":
-            await self.mcp(scope, receive, send)
-            return
         body = await self._body(scope, receive)
         if body is None:
             await send_json(send, 413, error_body("too_large", f"The body is over {self.max_body_bytes} bytes."))
+            return
+        if self.mcp is not None and scope["path"] == "/mcp":
+            scope[BODY_SCOPE_KEY] = b"".join(m.get("body", b"") for m in body if m["type"] == "http.request")
+            await self.mcp(scope, _replay(body, receive), send)
             return
         await self.app(scope, _replay(body, receive), send)
 

@@ -140,9 +140,12 @@ class ToolServer:
         if env is not None and tool.upstream != env:
             raise UnknownTool(f"{env}/{name}")
         started = time.perf_counter()
-        submitted = await self.calls.submit(CallSpec(name, arguments, dict(request.headers), None, self.timeout_s))
+        spec = CallSpec(name, arguments, request.headers, None, self.timeout_s)
+        submitted = await self.calls.submit(spec)
         envelope = await self.calls.wait(submitted.call_id, self.timeout_s)
         metrics.observe("toolserver", envelope, time.perf_counter() - started)
+        if envelope is None:
+            await self.calls.hold(submitted, spec)
         return _outcome(envelope, submitted.call_id)
 
 
