@@ -81,6 +81,7 @@ def create_app(settings: Settings, options: Options) -> ASGIApp:
             late.streaming = _transport(server, settings, json_response=False)
             for route in _routes(calls, settings):
                 app.router.routes.append(route)
+            await calls.health.status()  # the first ping (and its imports) before the first request
             settle_heap()  # as the worker does: the start-up heap out of the collector's way
             async with late.mcp.run(), late.streaming.run():
                 yield
@@ -159,6 +160,7 @@ def serve(settings: Settings, options: Options, host: str | None = None, port: i
         port=chosen_port,
         log_level="warning",
         access_log=False,
+        proxy_headers=False,  # nothing here reads the client's address
         server_header=False,
         timeout_graceful_shutdown=10,
     )

@@ -112,6 +112,13 @@ class Calls:
         except TimeoutError:
             return None
 
+    async def answer(self, submitted: Submitted, timeout_s: float) -> ToolResult | None:
+        """The envelope of a call just submitted; one that a worker just produced shows the fleet is up."""
+        envelope = await self.wait(submitted.call_id, timeout_s)
+        if envelope is not None and submitted.enqueued:
+            self.health.answered()
+        return envelope
+
     async def tool_of(self, call_id: str) -> str | None:
         """The tool of a call the gateway enqueued (within the result TTL), else None."""
         claim = await self._claims.get(call_id)

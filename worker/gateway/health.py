@@ -1,8 +1,9 @@
 """Can the fleet take calls? Redis answers and a worker answers a ping (`toolworker health`'s check).
 
-The answer is kept for a few seconds, so that neither `/healthz` probes nor calls ping the workers
-each time. A call is refused (503) only while the last answer said no; otherwise an old answer is
-renewed in the background while calls go on.
+An answered call says as much, so while calls are answered the workers are not pinged at all (a ping
+costs the gateway a Celery app and a broadcast: tens of ms of CPU). Otherwise the answer of a ping is
+kept for a few seconds, so that neither `/healthz` probes nor calls ping each time. A call is refused
+(503) only while the last answer said no; an old yes is renewed in the background while calls go on.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class FleetHealth:
         self._status: Status | None = None
         self._probe: asyncio.Task[Status] | None = None
 
+    def answered(self) -> None:
+        """A call was just answered by a worker: the fleet takes calls."""
+        self._status = Status(True, "a worker answered a call", time.monotonic())
+
     async def status(self) -> Status:
         """A fresh answer (waits for a ping when the last one is old)."""
         if self._status is not None and time.monotonic() - self._status.at < self._fresh_s:
@@ -56,8 +61,12 @@ class FleetHealth:
         return self._probe
 
     async def _ping(self) -> Status:
-        from worker.queue.health import check  # imports the Celery app: only once a probe runs
-
-        ready, message = await asyncio.to_thread(check, self._redis_url, self._timeout_s)
+        ready, message = await asyncio.to_thread(_check, self._redis_url, self._timeout_s)
         self._status = Status(ready, message, time.monotonic())
         return self._status
+
+
+def _check(redis_url: str, timeout_s: float) -> tuple[bool, str]:
+    from worker.queue.health import check  # the Celery app: imported by the first probe, off the event loop
+
+    return check(redis_url, timeout_s)

@@ -25,7 +25,7 @@ import base64
 import binascii
 import time
 from collections.abc import Coroutine, Mapping
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import mcp_types as types
 import structlog
@@ -39,7 +39,7 @@ from starlette.requests import Request
 
 from worker.envelope import ToolResult
 from worker.gateway import discovery, metrics, version
-from worker.gateway.calls import CallIdConflict, Calls, CallSpec, UnknownTool, check_call_id
+from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, UnknownTool, check_call_id
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 
@@ -110,12 +110,11 @@ class McpFront:
             result["nextCursor"] = _encode_cursor(next_name)
         return result
 
-    def _input_schema(self, name: str) -> Mapping[str, Any] | None:
-        """For the SDK's `Mcp-Param-*` header check, without listing every page."""
-        if self.mode == "discovery" and name in discovery.META_TOOL_NAMES:
-            return cast(Mapping[str, Any], next(t["inputSchema"] for t in discovery.META_TOOLS if t["name"] == name))
-        found = self.calls.catalog.snapshot.mcp_tools([name])
-        return cast(Mapping[str, Any], found[0]["inputSchema"]) if found else None
+    @staticmethod
+    def _input_schema(name: str) -> Mapping[str, Any] | None:
+        """For the SDK's `Mcp-Param-*` header check: the offered schemas never annotate a parameter as a
+        header (exports drop `x-*` keys), so there is nothing to compare, and no list to walk for it."""
+        return None
 
     # --- tools/call -------------------------------------------------------------------------------
 
@@ -154,7 +153,7 @@ class McpFront:
         except FleetUnavailable as exc:
             return _text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
         try:
-            envelope = await self._envelope(ctx, submitted.call_id)
+            envelope = await self._envelope(ctx, submitted)
         except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
             self._spawn(self._withdraw(submitted.call_id, name))
             raise
@@ -163,7 +162,7 @@ class McpFront:
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         return tool_result(envelope, submitted.call_id, self.timeout_s)
 
-    async def _envelope(self, ctx: Context, call_id: str) -> ToolResult | None:
+    async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to
         a client that asked for it."""
         watchers: list[Coroutine[Any, Any, None]] = []
@@ -171,7 +170,7 @@ class McpFront:
             watchers.append(_hang_up(ctx.request))
         if _asked_for_progress(ctx):
             watchers.append(_report_progress(ctx.session, PROGRESS_EVERY_S))
-        waiting = self.calls.wait(call_id, self.timeout_s)
+        waiting = self.calls.answer(submitted, self.timeout_s)
         return await (_unless(waiting, watchers) if watchers else waiting)
 
     async def _withdraw(self, call_id: str, tool: str) -> None:

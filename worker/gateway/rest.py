@@ -186,7 +186,7 @@ class Rest:
         if not wait:
             return None
         budget = wait_s if wait_s is not None else (timeout_s or self.default_timeout_s)
-        return await self.calls.wait(submitted.call_id, budget)
+        return await self.calls.answer(submitted, budget)
 
     # --- catalog ----------------------------------------------------------------------------------
 

@@ -142,7 +142,7 @@ class ToolServer:
         started = time.perf_counter()
         spec = CallSpec(name, arguments, request.headers, None, self.timeout_s)
         submitted = await self.calls.submit(spec)
-        envelope = await self.calls.wait(submitted.call_id, self.timeout_s)
+        envelope = await self.calls.answer(submitted, self.timeout_s)
         metrics.observe("toolserver", envelope, time.perf_counter() - started)
         if envelope is None:
             await self.calls.hold(submitted, spec)
