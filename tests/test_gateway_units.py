@@ -170,3 +170,17 @@ async def test_claims_share_a_round_trip_and_find_the_first() -> None:
     await claims.release("id-2")
     assert await claims.get("id-2") is None
     await client.aclose()
+
+
+def test_without_tokens_the_gateway_binds_loopback_only() -> None:
+    """Asked for 0.0.0.0 without tokens, the gateway binds 127.0.0.1 (and says so); with tokens, as asked."""
+    from structlog.testing import capture_logs
+
+    from worker.gateway.app import bind_host
+    from worker.settings import Settings
+
+    with capture_logs() as logs:
+        assert bind_host(Settings(), "0.0.0.0") == "127.0.0.1"
+    assert logs[0]["event"] == "gateway.loopback_only" and "TOKENS" in logs[0]["reason"]
+    assert bind_host(Settings(), "127.0.0.1") == "127.0.0.1"
+    assert bind_host(Settings(gateway_tokens="t"), "0.0.0.0") == "0.0.0.0"
