@@ -42,14 +42,15 @@ log = structlog.get_logger("toolworker.gateway")
 
 @dataclass
 class Options:
+    """What the command line chooses: the tags offered (all tools when empty) and the MCP mode."""
+
     tags: Sequence[str] = ()
     mode: Mode = "all"
 
 
 class _Late:
-    """What is built when the app starts (the Redis clients, the catalog), reached by the routes."""
+    """The MCP transports, built when the app starts (with the Redis clients and the catalog)."""
 
-    calls: Calls
     mcp: StreamableHTTPSessionManager
     streaming: StreamableHTTPSessionManager
 
@@ -75,7 +76,6 @@ def create_app(settings: Settings, options: Options) -> ASGIApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_calls(settings, options.tags) as calls:
             front = McpFront(calls, options.mode, settings.gateway_page_size, settings.gateway_call_timeout_seconds)
-            late.calls = calls
             server = front.server()
             late.mcp = _transport(server, settings, json_response=True)
             late.streaming = _transport(server, settings, json_response=False)

@@ -184,7 +184,7 @@ class McpFront:
     def _changed(self, snapshot: Snapshot) -> None:
         self._spawn(self._announce(snapshot.version))
 
-    async def _announce(self, version: int) -> None:
+    async def _announce(self, definitions_version: int) -> None:
         await self.bus.publish(ToolsListChanged())
         session = self._legacy_session
         if session is not None:
@@ -192,7 +192,7 @@ class McpFront:
                 await session.send_tool_list_changed()
             except Exception as exc:  # a client gone meanwhile: nothing to tell
                 log.info("gateway.list_changed_not_sent", error=str(exc))
-        log.info("gateway.tools_list_changed", version=version)
+        log.info("gateway.tools_list_changed", version=definitions_version)
 
     def _remember(self, ctx: Context) -> None:
         """On stdio with a handshake-era client, the session to send `notifications/tools/list_changed` on."""
