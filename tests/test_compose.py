@@ -248,8 +248,7 @@ def test_redis_is_durable_and_checked() -> None:
 
 
 def test_gateway_scales_needs_tokens_and_checks_its_health() -> None:
-    """The gateway runs `toolworker gateway` on the port it publishes (a range, so replicas can scale), refuses to
-    start without tokens, and its healthcheck asks that port's /healthz."""
+    """The gateway runs on the port it publishes (a range: replicas scale), needs tokens, checks /healthz."""
     gateway = SERVICES["gateway"]
     command = argv("gateway")
     assert command[:2] == ["toolworker", "gateway"]

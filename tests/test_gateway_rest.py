@@ -73,8 +73,7 @@ def test_withdraw_only_what_has_not_started(gateway_stack: Stack) -> None:
 
 
 def test_same_call_id_is_answered_from_the_first_call(gateway_stack: Stack) -> None:
-    """A callId sent again gets the first envelope (the upstream is not called twice); with other
-    arguments it is a 409 conflict."""
+    """A callId sent again gets the first envelope, the upstream called once; other arguments: 409."""
     call_id = f"rest-{uuid.uuid4().hex}"
     body = {"tool": "echo_post", "arguments": {"title": call_id}, "callId": call_id}
     first = call(gateway_stack, body)
@@ -182,8 +181,7 @@ def test_openapi_document_imports_and_calls_through(
 def test_killed_gateway_restarted_answers_the_queued_calls(
     gateway_stack: Stack, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Calls queued by a gateway killed with SIGKILL are answered; a restarted gateway gives their envelopes,
-    and a client that sends the same callId again gets the same envelope, the upstream called once."""
+    """Calls queued by a gateway killed with SIGKILL are answered, and a resend gets the same envelope."""
     directory = tmp_path_factory.mktemp("restart")
     gateway = start_gateway(gateway_env(gateway_stack.redis.url), directory / "gateway.log")
     items = [f"held-{uuid.uuid4().hex[:8]}" for _ in range(3)]
