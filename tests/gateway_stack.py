@@ -96,17 +96,19 @@ def start_gateway(env: dict[str, str], log_path: Path, port: int | None = None, 
     return gateway
 
 
-def wait_listening(gateway: Gateway, timeout_s: float = 60.0) -> None:
-    """Until the gateway answers HTTP (its /healthz needs no token)."""
+def wait_listening(gateway: Gateway, timeout_s: float = 60.0, ready: bool = False) -> None:
+    """Until the gateway answers HTTP (its /healthz needs no token), and with `ready` until it says a
+    worker answers."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            httpx2.get(gateway.url + "/healthz", timeout=5)
-            return
+            if httpx2.get(gateway.url + "/healthz", timeout=5).status_code == 200 or not ready:
+                return
         except httpx2.TransportError:
-            if gateway.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not start:\n{gateway.log_text()[-3000:]}") from None
-            time.sleep(0.05)
+            pass
+        if gateway.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway did not start:\n{gateway.log_text()[-3000:]}") from None
+        time.sleep(0.05)
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:
@@ -137,16 +139,20 @@ def gateway_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactor
     upstream = ServerThread(recording_upstream(state, recorder)).start()
     env = worker_env(server.url, upstream.url, dns_server.address, DEFINITIONS)
     worker = start_worker(env, directory / "worker.log")
-    gateway = start_gateway(gateway_env(server.url), directory / "gateway.log")
-    warm = httpx2.post(
-        gateway.url + "/v1/calls", json={"tool": "echo_get", "arguments": {"item": "warm"}}, headers=auth(), timeout=60
-    )
-    assert warm.status_code == 200 and warm.json()["exitCode"] == 0, (warm.text, gateway.log_text()[-2000:])
-    yield Stack(server, state, recorder, upstream.url, gateway, env, directory)
-    gateway.stop()
-    stop_worker(worker)
-    upstream.stop()
-    server.stop()
+    gateway = None
+    try:
+        gateway = start_gateway(gateway_env(server.url), directory / "gateway.log")
+        wait_listening(gateway, ready=True)
+        body = {"tool": "echo_get", "arguments": {"item": "warm"}}
+        warm = httpx2.post(gateway.url + "/v1/calls", json=body, headers=auth(), timeout=60)
+        assert warm.status_code == 200 and warm.json()["exitCode"] == 0, (warm.text, gateway.log_text()[-2000:])
+        yield Stack(server, state, recorder, upstream.url, gateway, env, directory)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        stop_worker(worker)
+        upstream.stop()
+        server.stop()
 
 
 __all__ = ["SECRET_TOKEN", "Gateway", "Stack", "auth", "gateway_stack", "start_gateway"]

@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ToolsListChanged
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.gateway_stack import DEFINITIONS, Gateway, auth, gateway_env, start_gateway
+from tests.gateway_stack import DEFINITIONS, Gateway, auth, gateway_env, start_gateway, wait_listening
 from tests.openapi_gen import write_spec
 from tests.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from worker.definitions import shared
@@ -50,13 +50,18 @@ def discovery_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFact
     server = EmbeddedRedis(directory / "redis").start()
     upstream = ServerThread(make_upstream(UpstreamState())).start()
     worker = start_worker(worker_env(server.url, upstream.url, dns_server.address, definitions), directory / "w.log")
-    env = gateway_env(server.url, definitions)
-    gateway = start_gateway(env, directory / "gateway.log", None, "--mode", "discovery")
-    yield DiscoveryStack(server, gateway, directory)
-    gateway.stop()
-    stop_worker(worker)
-    upstream.stop()
-    server.stop()
+    gateway = None
+    try:
+        env = gateway_env(server.url, definitions)
+        gateway = start_gateway(env, directory / "gateway.log", None, "--mode", "discovery")
+        wait_listening(gateway, ready=True)
+        yield DiscoveryStack(server, gateway, directory)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        stop_worker(worker)
+        upstream.stop()
+        server.stop()
 
 
 @asynccontextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.gateway_stack import Gateway, gateway_env, start_gateway
+from tests.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.servers import DnsServer, ServerThread
 from worker.dev.demo import make_app
 from worker.dev.embedded import EmbeddedRedis
@@ -62,8 +62,11 @@ def readme_gateway(demo_stack: str, tmp_path_factory: pytest.TempPathFactory) ->
         demo_stack, ROOT / "definitions", TOOLWORKER_GATEWAY_TOKENS="", TOOLWORKER_GATEWAY_PAGE_SIZE="100"
     )
     gateway = start_gateway(env, tmp_path_factory.mktemp("readme-gateway") / "gateway.log")
-    yield gateway
-    gateway.stop()
+    try:
+        wait_listening(gateway, ready=True)
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 def test_mcp_example(demo_stack: str, readme_gateway: Gateway) -> None:

@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass
 
 FRESH_S = 5.0
+# A "no" is asked again sooner: a fleet that comes back (workers starting with the gateway) takes calls
+# within a second.
+DOWN_FRESH_S = 1.0
 PING_TIMEOUT_S = 2.0
 
 
@@ -41,8 +44,9 @@ class FleetHealth:
 
     async def status(self) -> Status:
         """A fresh answer (waits for a ping when the last one is old)."""
-        if self._status is not None and time.monotonic() - self._status.at < self._fresh_s:
-            return self._status
+        status = self._status
+        if status is not None and time.monotonic() - status.at < (self._fresh_s if status.ready else DOWN_FRESH_S):
+            return status
         return await asyncio.shield(self._start_probe())
 
     async def admit(self) -> None:
