@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import pipeline
+from benchmarks import gateway, pipeline
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -288,6 +288,8 @@ class Target:
 def targets(results: dict[str, Any]) -> list[Target]:
     rows = results["rows"]
     found = [*_throughput_targets(rows), *_light_targets(results["light_load"])]
+    if case := results.get("gateway"):
+        found += [Target(name, shown, met) for name, shown, met in gateway.targets(case)]
     if case := results.get("in_flight"):
         found.append(_rss_target(case, f"{MIN_IN_FLIGHT:,}+ calls in flight", MIN_IN_FLIGHT))
     if case := results.get("big_bodies"):
@@ -439,6 +441,8 @@ def comparable(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for section in ("in_flight", "big_bodies"):
         if results.get(section):
             keyed[section.replace("_", " ")] = results[section]
+    for row in (g := results.get("gateway") or {}).get("rows", []) + g.get("light_load", []):
+        keyed[row["case"]] = row
     return keyed
 
 
@@ -506,11 +510,15 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
     with embedded_redis() as server:
-        print("matrix", file=sys.stderr, flush=True)
-        results["rows"], results["light_load"] = run_matrix(server, sizes, args)
-        print("memory: calls in flight, big bodies", file=sys.stderr, flush=True)
-        results["in_flight"] = run_in_flight(server.url, sizes)
-        results["big_bodies"] = run_big_bodies(server.url, sizes)
+        results["rows"], results["light_load"] = [], []
+        if not args.gateway_only:
+            print("matrix", file=sys.stderr, flush=True)
+            results["rows"], results["light_load"] = run_matrix(server, sizes, args)
+            print("memory: calls in flight, big bodies", file=sys.stderr, flush=True)
+            results["in_flight"] = run_in_flight(server.url, sizes)
+            results["big_bodies"] = run_big_bodies(server.url, sizes)
+        print("gateway: MCP and REST against the direct client", file=sys.stderr, flush=True)
+        results["gateway"] = gateway.run(server.url, sizes.calls, sizes.light_calls)
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -525,6 +533,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="worker threads (-c); default 64")
     parser.add_argument("--batch", type=int, help="calls per acall_many; default 50")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--gateway-only", action="store_true", help="only the gateway's rows (about two minutes)")
     return parser.parse_args(argv)
 
 
@@ -546,6 +555,8 @@ def main(argv: list[str] | None = None) -> None:
     print_matrix(results["rows"])
     print_light(results["light_load"])
     print_memory(results)
+    if results.get("gateway"):
+        gateway.print_section(results["gateway"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:

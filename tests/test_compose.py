@@ -24,7 +24,7 @@ from worker.settings import Settings
 ROOT = Path(__file__).parent.parent
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-OUR_SERVICES = ("worker", "flower", "demo")
+OUR_SERVICES = ("worker", "flower", "demo", "gateway")
 TOOLWORKER = str(Path(sys.executable).parent / "toolworker")
 _VARIABLE = re.compile(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -143,7 +143,7 @@ def test_dockerfile_copies_files_that_exist_and_are_not_ignored() -> None:
 
 
 def test_our_services_build_one_image() -> None:
-    """worker, flower and demo run the image built from the Dockerfile."""
+    """worker, flower, demo and gateway run the image built from the Dockerfile."""
     assert {SERVICES[name]["build"] for name in OUR_SERVICES} == {"."}
     assert len({SERVICES[name]["image"] for name in OUR_SERVICES}) == 1
 
@@ -245,3 +245,22 @@ def test_redis_is_durable_and_checked() -> None:
     for name in ("worker", "flower"):
         assert SERVICES[name]["depends_on"]["redis"]["condition"] == "service_healthy"
         assert SERVICES[name]["environment"]["TOOLWORKER_REDIS_URL"].startswith("redis://redis:6379/")
+
+
+def test_gateway_scales_needs_tokens_and_checks_its_health() -> None:
+    """The gateway runs on the port it publishes (a range: replicas scale), needs tokens, checks /healthz."""
+    gateway = SERVICES["gateway"]
+    command = argv("gateway")
+    assert command[:2] == ["toolworker", "gateway"]
+    parsed = _parser().parse_args(command[1:])
+    assert parsed.host == "0.0.0.0"
+    [mapping] = gateway["ports"]
+    host, port = container_port(mapping)
+    assert port == parsed.port and host is not None and host.startswith("127.0.0.1:") and "-" in host
+    with pytest.raises(KeyError):
+        interpolate(gateway["environment"]["TOOLWORKER_GATEWAY_TOKENS"], {})
+    check = healthcheck("gateway")
+    assert check[:2] == ["python", "-c"] and f"http://127.0.0.1:{port}/healthz" in check[2]
+    compile(check[2], "<healthcheck>", "exec")
+    assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "container_name" not in gateway

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_worker, stop_worker, worker_env
+from tests.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.servers import DnsServer, ServerThread
 from worker.dev.demo import make_app
 from worker.dev.embedded import EmbeddedRedis
@@ -21,6 +22,7 @@ from worker.dev.embedded import EmbeddedRedis
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
 README_URL = "redis://127.0.0.1:6390/0"
+README_GATEWAY = "http://127.0.0.1:8780"
 
 pytestmark = pytest.mark.integration
 
@@ -44,12 +46,52 @@ def demo_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) 
     server.stop()
 
 
-def run_snippet(code: str, redis_url: str) -> str:
-    """Execute a README block with the README's Redis URL pointed at the test server."""
+def run_snippet(code: str, redis_url: str, gateway_url: str = README_GATEWAY) -> str:
+    """Execute a README block with the README's Redis URL (and gateway) pointed at the test servers."""
     out = io.StringIO()
+    code = code.replace(README_URL, redis_url).replace(README_GATEWAY, gateway_url)
     with contextlib.redirect_stdout(out):
-        exec(compile(code.replace(README_URL, redis_url), "README.md", "exec"), {"__name__": "readme"})
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def readme_gateway(demo_stack: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway like `make run`'s: the repository's definitions, no tokens (so loopback only)."""
+    env = gateway_env(
+        demo_stack, ROOT / "definitions", TOOLWORKER_GATEWAY_TOKENS="", TOOLWORKER_GATEWAY_PAGE_SIZE="100"
+    )
+    gateway = start_gateway(env, tmp_path_factory.mktemp("readme-gateway") / "gateway.log")
+    try:
+        wait_listening(gateway, ready=True)
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def test_mcp_example(demo_stack: str, readme_gateway: Gateway) -> None:
+    """The MCP example lists the tools and calls one through the gateway, with the SDK's client."""
+    [block] = [b for b in code_blocks("python") if "from mcp import Client" in b]
+    lines = run_snippet(block, demo_stack, readme_gateway.url).splitlines()
+    assert lines[0] == "7 catalog_list"  # the four demo tools and the three catalog tools
+    is_error, status, text = lines[1].split(" ", 2)
+    assert (is_error, status) == ("False", "200") and json.loads(text)["id"] == "TICKET-123"
+
+
+def test_toolserver_and_rest_examples(demo_stack: str, readme_gateway: Gateway) -> None:
+    """The ToolServer example reads a schema and executes a tool; the REST one queues a call and fetches it."""
+    [toolserver] = [b for b in code_blocks("python") if "/toolserver/" in b]
+    assert run_snippet(toolserver, demo_stack, readme_gateway.url).splitlines() == ["ticket_lookup", "open"]
+    [rest] = [b for b in code_blocks("python") if "/v1/calls" in b]
+    assert run_snippet(rest, demo_stack, readme_gateway.url).splitlines() == ["202 pending", "200 0 Oslo"]
+
+
+def test_desktop_client_config_runs_toolworker_mcp() -> None:
+    """The desktop client entry is JSON that runs `toolworker mcp` with the settings it needs."""
+    [block] = [b for b in code_blocks("json") if "mcpServers" in b]
+    entry = json.loads(block)["mcpServers"]["toolworker"]
+    assert entry["command"].endswith("/toolworker") and entry["args"] == ["mcp"]
+    assert set(entry["env"]) == {"TOOLWORKER_REDIS_URL", "TOOLWORKER_DEFINITIONS"}
 
 
 def test_python_client_example(demo_stack: str) -> None:
@@ -74,8 +116,9 @@ def test_plain_redis_example(demo_stack: str) -> None:
 
 def test_documented_commands_exist() -> None:
     """Every `toolworker` subcommand the README shows answers --help."""
-    commands = set(re.findall(r"toolworker (worker|call|tools|schema|validate|import-openapi|dev)\b", README))
-    assert commands >= {"worker", "call", "tools", "schema", "validate", "import-openapi"}
+    pattern = r"toolworker (worker|call|tools|schema|validate|import-openapi|dev|gateway|mcp)\b"
+    commands = set(re.findall(pattern, README))
+    assert commands >= {"worker", "call", "tools", "schema", "validate", "import-openapi", "gateway", "mcp"}
     for command in sorted(commands):
         done = subprocess.run([sys.executable, "-m", "worker", command, "--help"], capture_output=True, timeout=60)
         assert done.returncode == 0, (command, done.stderr)

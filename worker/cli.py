@@ -89,6 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("paths", nargs="*", type=Path)
     publish.set_defaults(handler=_publish)
 
+    gateway = commands.add_parser("gateway", help="the agent gateway over HTTP: MCP at /mcp, /toolserver, /v1")
+    gateway.add_argument("--host", help="address to listen on (TOOLWORKER_GATEWAY_HOST; loopback without tokens)")
+    gateway.add_argument("--port", type=int, help="port (TOOLWORKER_GATEWAY_PORT)")
+    _gateway_options(gateway)
+    gateway.set_defaults(handler=_gateway)
+
+    mcp = commands.add_parser("mcp", help="the agent gateway as an MCP server on stdio (desktop MCP clients)")
+    _gateway_options(mcp)
+    mcp.set_defaults(handler=_mcp)
+
     validate = commands.add_parser("validate", help="check definitions; lists every problem, non-zero on any")
     validate.add_argument("paths", nargs="*", type=Path)
     validate.set_defaults(handler=_validate)
@@ -317,6 +327,30 @@ def _publish(args: argparse.Namespace) -> int:
         return 1
     print(f"published version {version}: {len(toolset.tools)} tools, {len(toolset.upstreams)} upstreams")
     return 0
+
+
+def _gateway_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tag", action="append", default=[], help="offer only tools with this tag (repeatable)")
+    parser.add_argument("--mode", choices=["all", "discovery"], default="all", help="discovery: meta-tools only")
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from worker.gateway.app import Options, serve
+    from worker.logs import configure
+
+    settings = get_settings()
+    configure(settings.log_format, settings.log_level)
+    return serve(settings, Options(args.tag, args.mode), args.host, args.port)
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from worker.gateway.app import Options
+    from worker.gateway.stdio import serve_stdio
+    from worker.logs import configure
+
+    settings = get_settings()
+    configure(settings.log_format, settings.log_level)
+    return serve_stdio(settings, Options(args.tag, args.mode))
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -52,3 +52,7 @@ ACCEPT_CONTENT = ("json",)
 DEFINITIONS_VERSION_KEY = "toolworker:definitions:version"
 DEFINITIONS_CURRENT_KEY = "toolworker:definitions:current"
 DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"
+
+# The agent gateway: a claim per callId it enqueues (value: the call's fingerprint), so a client that
+# sends the same callId again is answered from that call instead of enqueuing it twice.
+GATEWAY_CALL_KEY_PREFIX = "toolworker:gateway:call:"

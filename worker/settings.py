@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -40,6 +40,22 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9808, ge=0, le=65535)
     # Redelivery of unacknowledged messages; must exceed the longest call.
     visibility_timeout_seconds: int = Field(3600, ge=60)
+    # The agent gateway (`toolworker gateway`, `toolworker mcp`; worker/gateway/).
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(8780, ge=0, le=65535)
+    # Comma-separated bearer tokens the gateway accepts; empty = no auth, and then loopback only.
+    gateway_tokens: SecretStr = SecretStr("")
+    gateway_max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    # Origins a browser may call /mcp from (`http://host:*` allows any port); loopback when empty.
+    gateway_allowed_origins: str = ""
+    # Tools per `tools/list` page.
+    gateway_page_size: int = Field(100, ge=1, le=1000)
+    # How long a call waits for its envelope unless the request says otherwise.
+    gateway_call_timeout_seconds: float = Field(60.0, gt=0, le=86_400)
+
+    @property
+    def gateway_token_list(self) -> list[str]:
+        return [t.strip() for t in self.gateway_tokens.get_secret_value().split(",") if t.strip()]
 
     @property
     def dns_server_list(self) -> list[str]:

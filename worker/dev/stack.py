@@ -14,6 +14,7 @@ from worker.settings import get_settings
 
 DEV_REDIS_PORT = 6390
 DEMO_PORT = 8765
+GATEWAY_PORT = 8780
 
 
 def run_dev_stack(flower_port: int = 5555) -> int:
@@ -26,9 +27,10 @@ def run_dev_stack(flower_port: int = 5555) -> int:
     demo_port = DEMO_PORT if _port_free(DEMO_PORT) else free_port()
     env.setdefault("TOOLWORKER_DEMO_URL", f"http://127.0.0.1:{demo_port}")
     env.setdefault("TOOLWORKER_LOG_FORMAT", "console")
-    processes = _start_processes(env, demo_port, flower_port)
+    gateway_port = GATEWAY_PORT if _port_free(GATEWAY_PORT) else free_port()
+    processes = _start_processes(env, demo_port, flower_port, gateway_port)
     signal.signal(signal.SIGTERM, _interrupt)  # stopped by a supervisor: clean up like Ctrl-C
-    _print_banner(env, flower_port)
+    _print_banner(env, flower_port, gateway_port)
     try:
         return _supervise(processes)
     finally:
@@ -37,7 +39,9 @@ def run_dev_stack(flower_port: int = 5555) -> int:
             server.stop()
 
 
-def _start_processes(env: dict[str, str], demo_port: int, flower_port: int) -> dict[str, subprocess.Popen[bytes]]:
+def _start_processes(
+    env: dict[str, str], demo_port: int, flower_port: int, gateway_port: int
+) -> dict[str, subprocess.Popen[bytes]]:
     python = sys.executable
     demo = f"from worker.dev.demo import serve; serve('127.0.0.1', {demo_port})"
     flower = ["-m", "celery", "-A", "worker.app", "flower", f"--port={flower_port}", "--address=127.0.0.1"]
@@ -45,19 +49,29 @@ def _start_processes(env: dict[str, str], demo_port: int, flower_port: int) -> d
         "demo": [python, "-c", demo],
         "worker": [python, "-m", "worker", "worker", "-n", "dev@%h"],
         "flower": [python, *flower],
+        "gateway": [python, "-m", "worker", "gateway", "--host", "127.0.0.1", "--port", str(gateway_port)],
     }
     # A process group of their own: Ctrl-C reaches us once, and we stop them in order.
     return {name: subprocess.Popen(argv, env=env, start_new_session=True) for name, argv in commands.items()}
 
 
-def _print_banner(env: dict[str, str], flower_port: int) -> None:
+def _print_banner(env: dict[str, str], flower_port: int, gateway_port: int) -> None:
+    from worker.gateway.stdio import desktop_config
+
     settings = get_settings()
     redis_url = env["TOOLWORKER_REDIS_URL"]
+    gateway = f"http://127.0.0.1:{gateway_port}"
+    config = desktop_config(redis_url, settings.definitions)
     print(
         f"\ntoolworker dev stack: Redis {redis_url}, demo upstream {env['TOOLWORKER_DEMO_URL']}, "
         f"Flower http://127.0.0.1:{flower_port}, definitions {settings.definitions}\n"
+        f"Agent gateway {gateway}: MCP (Streamable HTTP) at {gateway}/mcp, ToolServer at {gateway}/toolserver, "
+        f"REST at {gateway}/v1 (no tokens: loopback only)\n"
         "Try, in another shell:\n"
         f"  TOOLWORKER_REDIS_URL={redis_url} .venv/bin/toolworker call ticket_lookup --arg ticket_id=TICKET-123\n"
+        f'  curl -s {gateway}/v1/calls -d \'{{"tool": "ticket_lookup", "arguments": {{"ticket_id": "TICKET-123"}}}}\'\n'
+        f"An MCP client over HTTP: point it at {gateway}/mcp. A desktop MCP client (stdio) runs `toolworker mcp`;\n"
+        f"add this to its configuration (e.g. claude_desktop_config.json):\n{config}\n"
         "Ctrl-C stops everything.\n",
         flush=True,
     )

@@ -1,0 +1,168 @@
+"""`toolworker gateway`: the HTTP gateway, one ASGI application on uvicorn.
+
+    /mcp            MCP over Streamable HTTP (the `mcp` SDK, stateless: any process answers any request)
+    /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
+    /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi.py)
+    /healthz        ready when a worker answers; /metrics
+
+The process keeps no state of its own between requests: calls wait on the queue and their envelopes in
+Redis, so any number of gateway processes can run behind a load balancer, and one can die and restart.
+Every request passes the Guard (security.py) first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from worker.gateway import openapi, version
+from worker.gateway.calls import Calls, open_calls
+from worker.gateway.mcp import McpFront, Mode
+from worker.gateway.rest import Rest, error
+from worker.gateway.security import BODY_SCOPE_KEY, Guard, is_loopback, origins
+from worker.gateway.toolserver import ToolServer
+from worker.queue.heap import settle_heap
+from worker.settings import Settings
+
+log = structlog.get_logger("toolworker.gateway")
+
+
+@dataclass
+class Options:
+    """What the command line chooses: the tags offered (all tools when empty) and the MCP mode."""
+
+    tags: Sequence[str] = ()
+    mode: Mode = "all"
+
+
+class _Late:
+    """The MCP transports, built when the app starts (with the Redis clients and the catalog)."""
+
+    mcp: StreamableHTTPSessionManager
+    streaming: StreamableHTTPSessionManager
+
+
+class _McpEndpoint:
+    """`/mcp`: the SDK's transport as an ASGI app, reached from the Guard without Starlette's routing.
+
+    Two of them: answers as plain JSON (no stream to set up: a quarter less CPU a call), and, for a
+    request that asks for progress, as an event stream that can carry it."""
+
+    def __init__(self, late: _Late) -> None:
+        self._late = late
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streamed = b'"progressToken"' in scope.get(BODY_SCOPE_KEY, b"")
+        await (self._late.streaming if streamed else self._late.mcp).handle_request(scope, receive, send)
+
+
+def create_app(settings: Settings, options: Options) -> ASGIApp:
+    late = _Late()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_calls(settings, options.tags) as calls:
+            front = McpFront(calls, options.mode, settings.gateway_page_size, settings.gateway_call_timeout_seconds)
+            server = front.server()
+            late.mcp = _transport(server, settings, json_response=True)
+            late.streaming = _transport(server, settings, json_response=False)
+            for route in _routes(calls, settings):
+                app.router.routes.append(route)
+            await calls.health.status()  # the first ping (and its imports) before the first request
+            settle_heap()  # as the worker does: the start-up heap out of the collector's way
+            async with late.mcp.run(), late.streaming.run():
+                yield
+
+    async def openapi_document(request: Request) -> Response:
+        return JSONResponse(openapi.document(str(request.base_url).rstrip("/"), version()))
+
+    app = Starlette(
+        routes=[
+            Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+        exception_handlers={404: _not_found, 405: _not_allowed},
+    )
+    tokens = settings.gateway_token_list
+    allowed = origins(settings.gateway_allowed_origins)
+    guard = Guard(app, tokens, allowed, settings.gateway_max_body_bytes, mcp=_McpEndpoint(late))
+    return guard
+
+
+def _transport(server: Server[Any], settings: Settings, json_response: bool) -> StreamableHTTPSessionManager:
+    return StreamableHTTPSessionManager(
+        server,
+        stateless=True,  # any process answers any request
+        json_response=json_response,
+        # The Guard checks Origin (and tokens); a Host check would refuse a load balancer's names.
+        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_request_body_size=settings.gateway_max_body_bytes,
+    )
+
+
+def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:
+    timeout_s = settings.gateway_call_timeout_seconds
+    yield from Rest(calls, timeout_s).routes()
+    yield from ToolServer(calls, timeout_s, version()).routes()
+
+
+async def _not_found(request: Request, exc: Any) -> Response:
+    return error(404, "not_found", "No such route.")
+
+
+async def _not_allowed(request: Request, exc: Any) -> Response:
+    return error(405, "method_not_allowed", "This route does not take that method.")
+
+
+def bind_host(settings: Settings, host: str | None) -> str:
+    """The address to listen on: without tokens, loopback only, whatever was asked."""
+    wanted = host or settings.gateway_host
+    if settings.gateway_token_list or is_loopback(wanted):
+        return wanted
+    log.warning(
+        "gateway.loopback_only",
+        asked=wanted,
+        reason="TOOLWORKER_GATEWAY_TOKENS is empty: without tokens the gateway serves 127.0.0.1 only",
+    )
+    return "127.0.0.1"
+
+
+def serve(settings: Settings, options: Options, host: str | None = None, port: int | None = None) -> int:
+    import uvicorn
+
+    address = bind_host(settings, host)
+    chosen_port = settings.gateway_port if port is None else port
+    auth = "bearer tokens" if settings.gateway_token_list else "no tokens (loopback only)"
+    print(
+        f"toolworker gateway on http://{address}:{chosen_port} (MCP at /mcp, ToolServer at /toolserver, "
+        f"REST at /v1; {auth}; mode {options.mode}"
+        + (f"; tags {', '.join(options.tags)}" if options.tags else "")
+        + ")",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(
+        create_app(settings, options),
+        host=address,
+        port=chosen_port,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,  # nothing here reads the client's address
+        server_header=False,
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(config).run()
+    return 0

@@ -1,0 +1,170 @@
+"""Calls through the queue, as every front end of the gateway makes them.
+
+A call is enqueued with the project's own `AsyncToolClient` and answered from its envelope; the gateway
+never speaks HTTP to an upstream. A callId the client chose is claimed in Redis (claims.py: `SET NX`,
+with a fingerprint of the tool and arguments) before the call is enqueued, so that a client sending the
+same callId again - after a lost response, or to another gateway process after this one died - is
+answered from the first call (its stored envelope) instead of running it twice; the same callId with
+other arguments is a conflict. A callId the gateway made up cannot come twice: it is claimed only when
+the client is given it to come back with (202, or a wait that ran out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from worker.client import AsyncToolClient
+from worker.definitions.model import Tool
+from worker.envelope import ToolResult
+from worker.gateway.catalog import Catalog
+from worker.gateway.claims import Claim, Claims
+from worker.gateway.headers import forwarded
+from worker.gateway.health import FleetHealth
+from worker.gateway.withdraw import withdraw
+from worker.settings import Settings
+
+MAX_CALL_ID_CHARS = 256
+
+
+class UnknownTool(LookupError):
+    """The gateway offers no tool of this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"There is no tool named {name!r}.")
+        self.name = name
+
+
+class CallIdConflict(ValueError):
+    """A callId already names a call with another tool or other arguments."""
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One call as a front end asks for it; `headers` are the client's own, filtered on submission."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+    call_id: str | None = None
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Submitted:
+    call_id: str
+    tool: Tool
+    # False when the callId was known: the call was not enqueued again.
+    enqueued: bool
+
+
+class Calls:
+    def __init__(
+        self, client: AsyncToolClient, redis: aioredis.Redis, catalog: Catalog, health: FleetHealth, claim_ttl_s: int
+    ) -> None:
+        self.client = client
+        self.catalog = catalog
+        self.health = health
+        self._redis = redis
+        self._claims = Claims(redis, claim_ttl_s)
+
+    def resolve(self, name: str) -> Tool:
+        tool = self.catalog.snapshot.tool(name)
+        if tool is None:
+            raise UnknownTool(name)
+        return tool
+
+    async def submit(self, spec: CallSpec) -> Submitted:
+        """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
+        FleetUnavailable."""
+        tool = self.resolve(spec.tool)
+        await self.health.admit()
+        call_id = spec.call_id or str(uuid.uuid4())
+        if spec.call_id is not None and not await self._claim(call_id, spec):
+            return Submitted(call_id, tool, enqueued=False)
+        headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
+        call = (spec.tool, dict(spec.arguments), headers)
+        try:
+            await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id])
+        except BaseException:  # not enqueued: the same callId may be sent again
+            if spec.call_id is not None:
+                await self._claims.release(call_id)
+            raise
+        return Submitted(call_id, tool, enqueued=True)
+
+    async def hold(self, submitted: Submitted, spec: CallSpec) -> None:
+        """Before a client is given a callId to come back with: claim it (if the client did not name it),
+        so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope)."""
+        if spec.call_id is None:
+            await self._claim(submitted.call_id, spec)
+
+    async def wait(self, call_id: str, timeout_s: float) -> ToolResult | None:
+        """The call's envelope, or None when it does not come within `timeout_s`."""
+        try:
+            return await self.client.result(call_id, timeout_s)
+        except TimeoutError:
+            return None
+
+    async def answer(self, submitted: Submitted, timeout_s: float) -> ToolResult | None:
+        """The envelope of a call just submitted; one that a worker just produced shows the fleet is up."""
+        envelope = await self.wait(submitted.call_id, timeout_s)
+        if envelope is not None and submitted.enqueued:
+            self.health.answered()
+        return envelope
+
+    async def tool_of(self, call_id: str) -> str | None:
+        """The tool of a call the gateway enqueued (within the result TTL), else None."""
+        claim = await self._claims.get(call_id)
+        return None if claim is None else claim.tool
+
+    async def withdraw(self, call_id: str, tool: str) -> bool:
+        """Take a call that has not started off the queue; its callId is free again afterwards."""
+        if not await withdraw(self._redis, tool, call_id):
+            return False
+        await self._claims.release(call_id)
+        return True
+
+    async def _claim(self, call_id: str, spec: CallSpec) -> bool:
+        """True when this callId is new (and now claimed); raises CallIdConflict for another call's id."""
+        claim = Claim(fingerprint(spec.tool, spec.arguments), spec.tool)
+        existing = await self._claims.claim(call_id, claim)
+        if existing is not None and existing != claim:
+            raise CallIdConflict(f"The callId {call_id!r} already names a call with another tool or other arguments.")
+        return existing is None
+
+
+@asynccontextmanager
+async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncIterator[Calls]:
+    """The gateway's calls on `settings.redis_url`, with its catalog loaded (and followed)."""
+    client = AsyncToolClient(settings.redis_url)
+    redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    catalog = Catalog(settings, tags)
+    try:
+        await catalog.start(redis)
+        yield Calls(client, redis, catalog, FleetHealth(settings.redis_url), settings.result_ttl_seconds)
+    finally:
+        await catalog.close()
+        await client.aclose()
+        await redis.aclose()
+
+
+def fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:
+    """What makes two calls the same call (headers are left out: they hold secrets, and vary by session)."""
+    text = json.dumps([tool, arguments], sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def check_call_id(call_id: object) -> str | None:
+    """A client-given callId, if usable (a non-empty string of at most 256 characters)."""
+    if call_id is None:
+        return None
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID_CHARS:
+        raise ValueError(f"callId must be a string of 1 to {MAX_CALL_ID_CHARS} characters")
+    return call_id

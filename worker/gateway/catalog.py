@@ -1,0 +1,155 @@
+"""The tools the gateway offers: what the workers serve, optionally a tagged subset, version after version.
+
+The file store is read once at start, as the workers read it. With the Redis store the current version
+is polled (`TOOLWORKER_STORE_POLL_SECONDS`, like the workers) and each new one replaces the snapshot;
+listeners hear of it, so MCP clients learn that the tool list changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+import structlog
+
+from worker.definitions import catalog, shared, store
+from worker.definitions.model import Tool, ToolSet, Upstream
+from worker.http.egress import EgressPolicy
+from worker.settings import Settings
+
+log = structlog.get_logger("toolworker.gateway.catalog")
+JSON = Any
+
+
+def served_toolset(toolset: ToolSet, settings: Settings) -> ToolSet:
+    """The toolset the workers serve from these definitions (built-in catalog tools included).
+
+    The one place the gateway asks the worker side for it."""
+    from worker.call.run import served_toolset as served
+
+    return served(toolset, EgressPolicy.parse(settings.egress_allow))
+
+
+def with_tags(toolset: ToolSet, tags: Iterable[str]) -> ToolSet:
+    """Only the tools that have one of `tags` (all of them when `tags` is empty)."""
+    wanted = frozenset(tags)
+    if not wanted:
+        return toolset
+    tools = {name: tool for name, tool in toolset.tools.items() if wanted & set(tool.tags)}
+    return ToolSet(dict(toolset.upstreams), tools, list(toolset.problems), dict(toolset.unusable))
+
+
+@dataclass
+class Snapshot:
+    """One version of the offered tools, in a stable order (by name)."""
+
+    version: int
+    toolset: ToolSet
+    names: tuple[str, ...] = ()
+    _mcp: dict[str, dict[str, JSON]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.names = tuple(sorted(self.toolset.tools))
+
+    def tool(self, name: str) -> Tool | None:
+        return self.toolset.tools.get(name)
+
+    def upstream(self, tool: Tool) -> Upstream:
+        return self.toolset.upstreams[tool.upstream]
+
+    def after(self, last: str | None, limit: int) -> tuple[list[str], str | None]:
+        """A page of names after `last` (keyset order: a change between pages skips or repeats none of the
+        others), and the last name of the page when more follow."""
+        start = 0 if last is None else _bisect_right(self.names, last)
+        page = list(self.names[start : start + limit])
+        more = start + limit < len(self.names)
+        return page, (page[-1] if more and page else None)
+
+    def mcp_tools(self, names: Iterable[str]) -> list[dict[str, JSON]]:
+        """MCP `tools/list` entries, each built once per snapshot (a lazy OpenAPI schema on first use)."""
+        missing = [n for n in names if n not in self._mcp and n in self.toolset.tools]
+        for entry in catalog.to_mcp(self.toolset.tools[n] for n in missing):
+            self._mcp[entry["name"]] = entry
+        return [self._mcp[n] for n in names if n in self._mcp]
+
+    def tags(self) -> dict[str, int]:
+        """Every tag with how many tools carry it."""
+        counts: dict[str, int] = {}
+        for tool in self.toolset.tools.values():
+            for tag in tool.tags:
+                counts[tag] = counts.get(tag, 0) + 1
+        return dict(sorted(counts.items()))
+
+
+def _bisect_right(names: tuple[str, ...], last: str) -> int:
+    low, high = 0, len(names)
+    while low < high:
+        middle = (low + high) // 2
+        if names[middle] <= last:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+class Catalog:
+    """The current snapshot, followed across published versions when the store is Redis."""
+
+    def __init__(self, settings: Settings, tags: Iterable[str] = ()) -> None:
+        self._settings = settings
+        self._tags = tuple(tags)
+        self._listeners: list[Callable[[Snapshot], None]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self._loaded = False
+        self.snapshot = Snapshot(0, ToolSet())
+
+    @property
+    def ttl_ms(self) -> int:
+        """How long a client may keep a tool list: until the next look for a new version."""
+        follows = self._settings.store == "redis"
+        return int(self._settings.store_poll_seconds * 1000) if follows else 60_000
+
+    def on_change(self, listener: Callable[[Snapshot], None]) -> None:
+        self._listeners.append(listener)
+
+    async def start(self, client: aioredis.Redis) -> None:
+        if self._settings.store == "file":
+            toolset = await asyncio.to_thread(store.load, [self._settings.definitions])
+            self._replace(0, toolset)
+            return
+        bundles = shared.Bundles()
+        payload = await asyncio.to_thread(_current_payload, self._settings.redis_url)
+        if payload is None:
+            log.warning("gateway.no_definitions_published", hint="run `toolworker publish`")
+        else:
+            self._replace(*await asyncio.to_thread(bundles.load, payload))
+        poll_s = self._settings.store_poll_seconds
+        watch = shared.follow(client, bundles, self.snapshot.version, poll_s, self._replace)
+        self._watcher = asyncio.get_running_loop().create_task(watch)
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+
+    def _replace(self, version: int, toolset: ToolSet) -> None:
+        changed, self._loaded = self._loaded, True
+        self.snapshot = Snapshot(version, with_tags(served_toolset(toolset, self._settings), self._tags))
+        log.info("gateway.definitions_loaded", version=version, tools=len(self.snapshot.names), tags=list(self._tags))
+        if changed:  # the first load changes nothing a client has seen
+            for listener in self._listeners:
+                listener(self.snapshot)
+
+
+def _current_payload(redis_url: str) -> bytes | None:
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
+    try:
+        return shared.current_payload(client)
+    finally:
+        client.close()

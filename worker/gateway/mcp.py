@@ -1,0 +1,320 @@
+"""The MCP front end: one `mcp` SDK server for Streamable HTTP (`/mcp`) and stdio (`toolworker mcp`).
+
+The SDK answers every protocol revision from one server: the 2026-07-28 one (no handshake,
+`server/discover`, cache hints, `subscriptions/listen`) and clients that still send `initialize`.
+
+- `tools/list`: the catalog by name, in pages behind opaque cursors (keyset: the last name given), with
+  annotations from the HTTP method; cached by 2026 clients until the next look for a new definitions
+  version. A new version reaches them on their `subscriptions/listen` stream, and legacy stdio clients
+  as `notifications/tools/list_changed`.
+- `tools/call`: one queued call. The text is the envelope's `result` (on failure its error message,
+  then the body), `isError` is exitCode != 0, and `_meta["toolworker/call"]` carries callId,
+  statusCode, exitCode, truncated, attempts and durationMs (no `outputSchema`: a truncated body could
+  not conform to one). `_meta["toolworker/callId"]` on the request (or an `Idempotency-Key` header)
+  names the call, so a request sent again is answered from the same call. An unknown tool is a
+  JSON-RPC error; arguments the tool's schema refuses are a tool error naming the field (the worker's).
+- Cancellation (the request's stream closed, or `notifications/cancelled`) takes a call that has not
+  started off the queue.
+- Discovery mode (`--mode discovery`) lists four meta-tools instead of the catalog (discovery.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any, Literal, TypeVar
+
+import mcp_types as types
+import structlog
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.requests import Request
+
+from worker.envelope import ToolResult
+from worker.gateway import discovery, metrics, version
+from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, UnknownTool, check_call_id
+from worker.gateway.catalog import Snapshot
+from worker.gateway.health import FleetUnavailable
+
+log = structlog.get_logger("toolworker.gateway.mcp")
+Mode = Literal["all", "discovery"]
+Context = ServerRequestContext[Any, Any]
+
+CALL_META_KEY = "toolworker/call"
+CALL_ID_META_KEY = "toolworker/callId"
+IDEMPOTENCY_HEADER = "idempotency-key"
+INSTRUCTIONS = (
+    "Tools of a toolworker fleet: every call runs on a worker through a queue. A tool result's "
+    f"_meta['{CALL_META_KEY}'] holds its callId, statusCode, exitCode and attempts."
+)
+_CURSOR_PREFIX = "after:"
+# How often a waiting call reports progress to a client that asked for it.
+PROGRESS_EVERY_S = 1.0
+T = TypeVar("T")
+
+
+class McpFront:
+    """The handlers of the MCP server, over the gateway's calls and catalog."""
+
+    def __init__(self, calls: Calls, mode: Mode, page_size: int, timeout_s: float) -> None:
+        self.calls = calls
+        self.mode = mode
+        self.page_size = page_size
+        self.timeout_s = timeout_s
+        self.bus = InMemorySubscriptionBus()
+        self.front = "mcp"
+        self._legacy_session: ServerSession | None = None  # stdio: the one connection, for list_changed
+        self._background: set[asyncio.Task[Any]] = set()
+        calls.catalog.on_change(self._changed)
+
+    def server(self) -> Server[Any]:
+        server: Server[Any] = Server(
+            "toolworker",
+            version=version(),
+            instructions=INSTRUCTIONS,
+            get_tool_input_schema=self._input_schema,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        # Tracing is issue §10's: until the gateway exports spans, the SDK's no-op span only costs time.
+        server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)
+        # Registered by method: the handlers answer with the wire's dicts (the SDK validates them once).
+        server.add_request_handler("tools/list", types.PaginatedRequestParams, self.list_tools)
+        server.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)
+        return server
+
+    # --- tools/list -------------------------------------------------------------------------------
+
+    async def list_tools(self, ctx: Context, params: types.PaginatedRequestParams) -> dict[str, Any]:
+        self._remember(ctx)
+        last = _decode_cursor(params.cursor)
+        if self.mode == "discovery":
+            tools, next_name = discovery.META_TOOLS, None
+        else:
+            snapshot = self.calls.catalog.snapshot
+            names, next_name = snapshot.after(last, self.page_size)
+            tools = snapshot.mcp_tools(names)
+        result: dict[str, Any] = {
+            "tools": tools,
+            "ttlMs": self.calls.catalog.ttl_ms,
+            "cacheScope": "public",
+            "resultType": "complete",
+        }
+        if next_name is not None:
+            result["nextCursor"] = _encode_cursor(next_name)
+        return result
+
+    @staticmethod
+    def _input_schema(name: str) -> Mapping[str, Any] | None:
+        """For the SDK's `Mcp-Param-*` header check: the offered schemas never annotate a parameter as a
+        header (exports drop `x-*` keys), so there is nothing to compare, and no list to walk for it."""
+        return None
+
+    # --- tools/call -------------------------------------------------------------------------------
+
+    async def call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> dict[str, Any]:
+        self._remember(ctx)
+        name, arguments = params.name, dict(params.arguments or {})
+        if self.mode == "discovery" and name in discovery.META_TOOL_NAMES:
+            return await self._meta_tool(ctx, params, name, arguments)
+        return await self._call(ctx, params, name, arguments)
+
+    async def _meta_tool(
+        self, ctx: Context, params: types.CallToolRequestParams, name: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        snapshot: Snapshot = self.calls.catalog.snapshot
+        try:
+            if name != discovery.CALL_TOOL:
+                return _text_result(discovery.answer(name, arguments, snapshot), is_error=False)
+            discovery.check(name, arguments)
+        except discovery.InvalidMetaArguments as exc:
+            return _text_result(str(exc), is_error=True)
+        return await self._call(ctx, params, arguments["name"], dict(arguments.get("arguments") or {}))
+
+    async def _call(
+        self, ctx: Context, params: types.CallToolRequestParams, name: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        headers = _request_headers(ctx)
+        try:
+            call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
+            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s)
+            submitted = await self.calls.submit(spec)
+        except UnknownTool as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
+        except (CallIdConflict, ValueError) as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
+        except FleetUnavailable as exc:
+            return _text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
+        try:
+            envelope = await self._envelope(ctx, submitted)
+        except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
+            self._spawn(self._withdraw(submitted.call_id, name))
+            raise
+        if envelope is None:
+            await self.calls.hold(submitted, spec)
+        metrics.observe(self.front, envelope, time.perf_counter() - started)
+        return tool_result(envelope, submitted.call_id, self.timeout_s)
+
+    async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
+        """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to
+        a client that asked for it."""
+        watchers: list[Coroutine[Any, Any, None]] = []
+        if isinstance(ctx.request, Request):
+            watchers.append(_hang_up(ctx.request))
+        if _asked_for_progress(ctx):
+            watchers.append(_report_progress(ctx.session, PROGRESS_EVERY_S))
+        waiting = self.calls.answer(submitted, self.timeout_s)
+        return await (_unless(waiting, watchers) if watchers else waiting)
+
+    async def _withdraw(self, call_id: str, tool: str) -> None:
+        withdrawn = await self.calls.withdraw(call_id, tool)
+        if withdrawn:
+            metrics.WITHDRAWN.inc()
+        log.info("gateway.call_cancelled", callId=call_id, tool=tool, withdrawn=withdrawn)
+
+    # --- list changes -----------------------------------------------------------------------------
+
+    def _changed(self, snapshot: Snapshot) -> None:
+        self._spawn(self._announce(snapshot.version))
+
+    async def _announce(self, definitions_version: int) -> None:
+        await self.bus.publish(ToolsListChanged())
+        session = self._legacy_session
+        if session is not None:
+            try:
+                await session.send_tool_list_changed()
+            except Exception as exc:  # a client gone meanwhile: nothing to tell
+                log.info("gateway.list_changed_not_sent", error=str(exc))
+        log.info("gateway.tools_list_changed", version=definitions_version)
+
+    def _remember(self, ctx: Context) -> None:
+        """On stdio with a handshake-era client, the session to send `notifications/tools/list_changed` on."""
+        if ctx.request is None and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+            self._legacy_session = ctx.session
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)  # referenced until done: a bare task may be collected
+        task.add_done_callback(self._background.discard)
+
+
+def tool_result(envelope: ToolResult | None, call_id: str, waited_s: float) -> dict[str, Any]:
+    """The `CallToolResult` of an envelope (or of a call still unanswered after `waited_s`)."""
+    if envelope is None:
+        text = (
+            f"The call {call_id} has no result after {waited_s:g} seconds; it may still finish. "
+            f"Its result can be fetched later with GET /v1/calls/{call_id}."
+        )
+        return _text_result(text, is_error=True, meta={CALL_META_KEY: {"callId": call_id, "pending": True}})
+    return _text_result(
+        result_text(envelope), is_error=envelope.exit_code != 0, meta={CALL_META_KEY: call_meta(envelope)}
+    )
+
+
+def result_text(envelope: ToolResult) -> str:
+    """What the model reads: the result, or on failure the error message followed by the body."""
+    if envelope.exit_code == 0:
+        return envelope.result
+    message = (envelope.error or {}).get("message") or f"The call failed (exit code {envelope.exit_code})."
+    return f"{message}\n\n{envelope.result}" if envelope.result else message
+
+
+def call_meta(envelope: ToolResult) -> dict[str, Any]:
+    return {
+        "callId": envelope.call_id,
+        "statusCode": envelope.status_code,
+        "exitCode": envelope.exit_code,
+        "truncated": envelope.truncated,
+        "attempts": envelope.attempts,
+        "durationMs": envelope.duration_ms,
+    }
+
+
+def _text_result(text: str, is_error: bool, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "content": [{"type": "text", "text": text}],
+        "isError": is_error,
+        "resultType": "complete",
+    }
+    if meta:
+        result["_meta"] = meta
+    return result
+
+
+def _meta(params: types.RequestParams) -> Mapping[str, Any]:
+    meta = params.meta
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _asked_for_progress(ctx: Context) -> bool:
+    """Whether the request's raw `_meta` carries a progressToken."""
+    meta = (ctx.params or {}).get("_meta")
+    return isinstance(meta, Mapping) and meta.get("progressToken") is not None
+
+
+def _request_headers(ctx: Context) -> Mapping[str, str]:
+    """The HTTP request's headers (looked up by lower-case name); none on stdio."""
+    return ctx.request.headers if isinstance(ctx.request, Request) else {}
+
+
+class ClientGone(MCPError):
+    """The HTTP client closed its request while its call was waiting (a 2026-07-28 client cancels so)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            code=types.INTERNAL_ERROR, message="The request was closed; its call was withdrawn if it had not started."
+        )
+
+
+async def _unless(waiting: Coroutine[Any, Any, T], watchers: list[Coroutine[Any, Any, None]]) -> T:
+    """What `waiting` gives, unless a watcher ends first (the client hung up): then ClientGone."""
+    main = asyncio.ensure_future(waiting)
+    others = [asyncio.ensure_future(watcher) for watcher in watchers]
+    try:
+        await asyncio.wait([main, *others], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in others:
+            task.cancel()
+    if not main.done():
+        main.cancel()
+        raise ClientGone()
+    return main.result()
+
+
+async def _hang_up(request: Request) -> None:
+    """Returns when the client closes the request (the body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _report_progress(session: ServerSession, every_s: float) -> None:
+    """Progress notifications while a call waits (its seconds so far), for a client that sent a token."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(every_s)
+        waited = time.monotonic() - started
+        await session.report_progress(waited, None, f"Waiting for the call's result: {waited:.0f} s so far.")
+
+
+def _encode_cursor(last_name: str) -> str:
+    return base64.urlsafe_b64encode((_CURSOR_PREFIX + last_name).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> str | None:
+    """The last name of the previous page; a cursor this server did not give is error -32602."""
+    if cursor is None:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        text = ""
+    if not text.startswith(_CURSOR_PREFIX):
+        raise MCPError(code=types.INVALID_PARAMS, message="Invalid cursor")
+    return text[len(_CURSOR_PREFIX) :]

@@ -1,0 +1,258 @@
+"""The OpenAPI 3.1 document of the REST API, served at `/v1/openapi.json`.
+
+Written out rather than generated, so that it reads as the contract: other agent platforms import the
+gateway from it, and so does `toolworker import-openapi` (one tool per operation, named by operationId).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+JSON = dict[str, Any]
+
+
+def _ref(name: str) -> JSON:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: JSON, description: str) -> JSON:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERRORS = {
+    "400": _json(_ref("Error"), "The body is not JSON."),
+    "401": _json(_ref("Error"), "A bearer token is required."),
+    "422": _json(_ref("Error"), "The body or a parameter has the wrong shape."),
+}
+_CALL_ID = {"name": "callId", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 256}}
+_WAIT = {
+    "name": "waitSeconds",
+    "in": "query",
+    "description": "How long to wait for the envelope before answering 202 (default: do not wait).",
+    "schema": {"type": "number", "minimum": 0, "maximum": 3600},
+}
+_FORMAT = {
+    "name": "format",
+    "in": "query",
+    "description": "summary (light rows), or an export for an LLM API.",
+    "schema": {"type": "string", "enum": ["summary", "openai", "anthropic", "mcp"], "default": "summary"},
+}
+
+SCHEMAS: JSON = {
+    "CallRequest": {
+        "type": "object",
+        "required": ["tool"],
+        "additionalProperties": False,
+        "properties": {
+            "tool": {"type": "string", "description": "The tool's name."},
+            "arguments": {"type": "object", "description": "The tool's arguments, as its input schema says."},
+            "headers": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "Per-call headers; kept only where the tool's upstream lists them as overridable.",
+            },
+            "callId": {
+                "type": "string",
+                "maxLength": 256,
+                "description": "Names the call: sent again, it is answered from the same call.",
+            },
+            "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "description": "The call's whole budget."},
+            "wait": {"type": "boolean", "default": True, "description": "false: answer 202 with the callId at once."},
+            "waitSeconds": {"type": "number", "minimum": 0, "maximum": 3600},
+        },
+    },
+    "BatchRequest": {
+        "type": "object",
+        "required": ["calls"],
+        "additionalProperties": False,
+        "properties": {
+            "calls": {"type": "array", "items": _ref("CallRequest"), "minItems": 1, "maxItems": 1000},
+            "wait": {"type": "boolean", "default": True},
+            "waitSeconds": {"type": "number", "minimum": 0, "maximum": 3600},
+        },
+    },
+    "Envelope": {
+        "type": "object",
+        "description": "The result envelope of a call (exitCode 0: the upstream answered 2xx).",
+        "properties": {
+            "callId": {"type": "string"},
+            "tool": {"type": "string"},
+            "method": {"type": ["string", "null"]},
+            "url": {"type": ["string", "null"]},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "body": {"type": ["string", "null"]},
+            "statusCode": {"type": ["integer", "null"]},
+            "contentType": {"type": ["string", "null"]},
+            "result": {"type": "string", "description": "What the model reads."},
+            "error": {
+                "type": ["object", "null"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+            "exitCode": {"type": "integer"},
+            "truncated": {"type": "boolean"},
+            "attempts": {"type": "integer"},
+            "durationMs": {"type": "number"},
+        },
+    },
+    "Pending": {
+        "type": "object",
+        "properties": {
+            "callId": {"type": "string"},
+            "status": {"type": "string", "enum": ["pending"]},
+            "location": {"type": "string"},
+        },
+    },
+    "Error": {
+        "type": "object",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            }
+        },
+    },
+    "ToolSummary": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "method": {"type": "string"},
+            "path": {"type": "string"},
+            "summary": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "upstream": {"type": "string"},
+        },
+    },
+    "ToolList": {
+        "type": "object",
+        "properties": {"version": {"type": "integer"}, "tools": {"type": "array", "items": {"type": "object"}}},
+    },
+}
+
+
+def _operation(operation_id: str, summary: str, responses: JSON, **extra: Any) -> JSON:
+    return {"operationId": operation_id, "summary": summary, "tags": ["toolworker"], "responses": responses, **extra}
+
+
+def _paths() -> JSON:
+    call_body = {"required": True, "content": {"application/json": {"schema": _ref("CallRequest")}}}
+    batch_body = {"required": True, "content": {"application/json": {"schema": _ref("BatchRequest")}}}
+    return {
+        "/v1/calls": {
+            "post": _operation(
+                "createCall",
+                "Run a tool call through the queue and answer with its envelope (or its callId)",
+                {
+                    "200": _json(_ref("Envelope"), "The call's envelope (whatever its exitCode)."),
+                    "202": _json(_ref("Pending"), "Not answered yet (wait false, or waitSeconds ran out)."),
+                    "404": _json(_ref("Error"), "No such tool."),
+                    "409": _json(_ref("Error"), "The callId names another call."),
+                    "503": _json(_ref("Error"), "The fleet cannot take calls now."),
+                    **_ERRORS,
+                },
+                requestBody=call_body,
+            )
+        },
+        "/v1/calls/{callId}": {
+            "get": _operation(
+                "getCall",
+                "The envelope of a call, optionally waiting for it",
+                {
+                    "200": _json(_ref("Envelope"), "The call's envelope."),
+                    "202": _json(_ref("Pending"), "Queued or running."),
+                    "404": _json(_ref("Error"), "No call of this id is known."),
+                    **_ERRORS,
+                },
+                parameters=[_CALL_ID, _WAIT],
+            ),
+            "delete": _operation(
+                "withdrawCall",
+                "Take a call that no worker has started off the queue",
+                {
+                    "200": _json({"type": "object"}, "Withdrawn: it will not run."),
+                    "404": _json(_ref("Error"), "No such call is waiting."),
+                    "409": _json(_ref("Error"), "A worker took it already; it runs to its end."),
+                    **_ERRORS,
+                },
+                parameters=[_CALL_ID],
+            ),
+        },
+        "/v1/batches": {
+            "post": _operation(
+                "createBatch",
+                "Run many calls at once; the answers come in order",
+                {
+                    "200": _json(
+                        {"type": "object", "properties": {"results": {"type": "array", "items": {"type": "object"}}}},
+                        "One envelope (or pending entry) per call.",
+                    ),
+                    "503": _json(_ref("Error"), "The fleet cannot take calls now."),
+                    **_ERRORS,
+                },
+                requestBody=batch_body,
+            )
+        },
+        "/v1/tools": {
+            "get": _operation(
+                "listTools",
+                "The tools the gateway offers, optionally by tag",
+                {"200": _json(_ref("ToolList"), "Light summaries, or the chosen export."), **_ERRORS},
+                parameters=[
+                    {"name": "tag", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}},
+                    _FORMAT,
+                ],
+            )
+        },
+        "/v1/tools/search": {
+            "get": _operation(
+                "searchTools",
+                "The tools that best match a question, best first",
+                {"200": _json(_ref("ToolList"), "Summaries with a score, or the chosen export."), **_ERRORS},
+                parameters=[
+                    {"name": "question", "in": "query", "required": True, "schema": {"type": "string"}},
+                    {"name": "top_k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 50}},
+                    _FORMAT,
+                ],
+            )
+        },
+        "/v1/tools/{name}": {
+            "get": _operation(
+                "getTool",
+                "One tool's full definition, input schema included",
+                {
+                    "200": _json({"type": "object"}, "The definition."),
+                    "404": _json(_ref("Error"), "No such tool."),
+                    **_ERRORS,
+                },
+                parameters=[{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            )
+        },
+        "/healthz": {
+            "get": _operation(
+                "health",
+                "Whether the fleet can take calls (a worker answers a ping)",
+                {
+                    "200": _json({"type": "object"}, "Ready."),
+                    "503": _json({"type": "object"}, "Redis or every worker is away."),
+                },
+                security=[],
+            )
+        },
+    }
+
+
+def document(server_url: str, version: str) -> JSON:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "toolworker gateway",
+            "version": version,
+            "description": "Tool calls for LLM agents, run by a fleet of workers through a queue.",
+        },
+        "servers": [{"url": server_url}],
+        "security": [{"bearer": []}],
+        "paths": _paths(),
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
