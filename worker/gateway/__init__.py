@@ -1,4 +1,5 @@
-"""The agent gateway (SPEC §8): MCP, XAgent ToolServer and REST front ends in front of the queue.
+"""The agent gateway: MCP, XAgent ToolServer and REST front ends in front of the queue (README, "Agents
+over MCP and HTTP: the gateway").
 
     catalog.py     the tools offered: what the workers serve, optionally a tagged subset, followed per version
     calls.py       a call through the queue (AsyncToolClient), claimed by callId so a resend is not run twice
