@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.connections import RedisUnavailable, check_reachable
+from worker.constants import DEFAULT_QUEUE
 from worker.redaction import mask_url
 from worker.settings import Settings, get_settings
 
@@ -118,6 +119,16 @@ def _check_redis(settings: Settings) -> None:
     check_reachable(settings.redis_url, settings.redis_connect_timeout_seconds)
 
 
+def _queue_gauges(settings: Settings, queues: str | None) -> list[Any]:
+    """The queue depth and in-flight gauges of the queues this worker consumes."""
+    import redis
+
+    from worker.queue.depth import QueueDepth
+
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    return [QueueDepth(client, [q.strip() for q in (queues or DEFAULT_QUEUE).split(",") if q.strip()])]
+
+
 def _worker(args: argparse.Namespace) -> int:
     from worker.logs import configure
 
@@ -134,7 +145,7 @@ def _worker(args: argparse.Namespace) -> int:
 
         child = ["-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel, "--processes", "1"]
         child += ["-Q", args.queues] if args.queues else []
-        return supervise(child, processes, args.hostname, settings.metrics_port)
+        return supervise(child, processes, args.hostname, settings.metrics_port, _queue_gauges(settings, args.queues))
     from worker.queue.app import app
 
     argv = ["worker", "-c", str(concurrency), "--loglevel", args.loglevel]
@@ -143,12 +154,12 @@ def _worker(args: argparse.Namespace) -> int:
         argv += ["-P", args.pool]
     # Workers need neither gossip nor mingle (no elections, no shared revokes): both only add broker
     # traffic, a second of start-up, and reconnect paths of their own.
-    argv += ["-Q", args.queues or "toolcalls", "--without-gossip", "--without-mingle"]
+    argv += ["-Q", args.queues or DEFAULT_QUEUE, "--without-gossip", "--without-mingle"]
     if args.hostname:
         argv += ["-n", args.hostname]
     from worker.metrics import start_metrics_server
 
-    start_metrics_server(settings.metrics_port)
+    start_metrics_server(settings.metrics_port, collectors=_queue_gauges(settings, args.queues))
     try:
         app.worker_main(argv)
     except SystemExit as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from wsgiref.simple_server import WSGIServer
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+from prometheus_client.registry import Collector
 
 from worker.envelope import ToolResult
 
@@ -114,12 +115,17 @@ class MetricsServer:
         self.thread.join(timeout_s)
 
 
-def start_metrics_server(port: int, address: str = "0.0.0.0") -> MetricsServer | None:
-    """Serve `/metrics` on `port` (0: no server); in multiprocess mode, of every process of this worker."""
+def start_metrics_server(
+    port: int, address: str = "0.0.0.0", collectors: Sequence[Collector] = ()
+) -> MetricsServer | None:
+    """Serve `/metrics` on `port` (0: no server); in multiprocess mode, of every process of this worker.
+    `collectors` are read at each scrape (the queue gauges)."""
     if port == 0:
         return None
     directory = multiprocess_dir()
     registry = REGISTRY if directory is None else _multiprocess_registry(directory)
+    for collector in collectors:
+        registry.register(collector)
     try:
         server, thread = start_http_server(port, address, registry)
     except OSError as exc:

@@ -38,8 +38,11 @@ class Settings(BaseSettings):
     task_events: bool = True
     # Prometheus /metrics of the worker (worker/metrics.py); 0 = no metrics server.
     metrics_port: int = Field(9808, ge=0, le=65535)
-    # Redelivery of unacknowledged messages; must exceed the longest call.
-    visibility_timeout_seconds: int = Field(3600, ge=60)
+    # A worker process holds a lease on the messages it took, renewed five times a lease; a holder whose lease
+    # lapses is dead, and the live workers hand its messages back to their queues.
+    lease_seconds: float = Field(8.0, ge=1)
+    # The last resort: an unacknowledged message older than this comes back even if its holder is alive.
+    visibility_timeout_seconds: int = Field(86_400, ge=60)
     # The agent gateway (`toolworker gateway`, `toolworker mcp`; worker/gateway/).
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(8780, ge=0, le=65535)

@@ -1,12 +1,18 @@
-"""kombu's Redis transport, made to survive a broker restart while calls are running.
+"""kombu's Redis transport, made to lose no message when a worker dies, and to survive a broker restart
+while calls are running.
 
-kombu 5.7's ``Channel.close()`` first reads the pending BRPOP reply; on a dead connection that read raises
+Taking a message is one atomic step: ``BLMOVE`` from the queue into this process's in-flight list, where
+kombu's ``BRPOP`` took it off the queue one round trip before recording it (a worker killed in between
+lost it). The process holds a lease on what it took and renews it; when a holder dies, the live workers
+hand its messages back within seconds (``leases.py``). Acknowledging or rejecting a message removes it
+from the in-flight list too.
+
+kombu 5.7's ``Channel.close()`` first reads the pending poll reply; on a dead connection that read raises
 before the channel is marked closed. Celery's reconnect then closes the channel a second time after
 ``Connection.collect()`` has detached the transport from its connection, and every later use of the channel
 (restoring its unacknowledged messages, acknowledging a call that finished during the outage) rebuilds a
 connection pool from ``transport.client`` — now ``None`` — and the worker stops on ``AttributeError``.
-
-Here a failed BRPOP read ends the poll and the close goes on, and a channel remembers the connection
+Here a failed read ends the poll and the close goes on, and a channel remembers the connection
 parameters it was opened with, so a call finishing after the outage is acknowledged on the new server.
 
 kombu also builds a new redis-py client for every acknowledgement, unacked-index update and task event
@@ -22,17 +28,97 @@ scheme, would have none.
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from queue import Empty
 from typing import Any
 
+import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+
+from worker.queue.leases import Leases, delivery_tag, inflight_key
+from worker.settings import get_settings
+
+# A test hook: seconds to wait between taking a message and handing it to the consumer, so that a test
+# can kill a worker inside what used to be kombu's window. Never set in production.
+PAUSE_AFTER_TAKE_ENV = "TOOLWORKER_TEST_PAUSE_AFTER_TAKE_SECONDS"
+# With several queues a poll waits on one of them at a time (BLMOVE takes one source), this long at most.
+_MULTI_QUEUE_WAIT_S = 0.1
+
+_leases: tuple[int, Leases] | None = None
+_leases_lock = threading.Lock()
+
+
+def process_leases(channel: kombu_redis.Channel) -> Leases:
+    """The lease of this process, taken on its first message (and again in a forked child)."""
+    global _leases
+    with _leases_lock:
+        if _leases is None or _leases[0] != os.getpid():
+            settings = get_settings()
+            client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key)
+            leases.start()
+            atexit.register(leases.release)
+            _leases = (os.getpid(), leases)
+        return _leases[1]
+
+
+# Moves the first message of the first non-empty queue key (in priority order) into the holder's in-flight
+# list for that key, in one step. KEYS: the queue keys. ARGV[1]: the in-flight list prefix of the holder.
+_TAKE = """
+for _, source in ipairs(KEYS) do
+  local item = redis.call('LMOVE', source, ARGV[1] .. source, 'RIGHT', 'LEFT')
+  if item then return {source, item} end
+end
+return nil
+"""
+
+
+class QoS(kombu_redis.QoS):
+    def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
+        """kombu's unacked records and, in the same round trip, the in-flight list entry."""
+        pipe = super()._remove_from_indices(delivery_tag, pipe)
+        entry = self.channel.taken.get(bytes_to_str(delivery_tag))
+        if entry is not None:
+            pipe.lrem(entry[0], 1, entry[1])
+        return pipe
+
+    def ack(self, delivery_tag: str) -> None:
+        super().ack(delivery_tag)
+        self.channel.taken.pop(delivery_tag, None)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        super().reject(delivery_tag, requeue=requeue)
+        self.channel.taken.pop(delivery_tag, None)
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        self.channel.taken.pop(bytes_to_str(tag), None)
 
 
 class Channel(kombu_redis.Channel):
+    """Takes messages with `_TAKE` (at once, every queue and priority) or, when none is waiting, `BLMOVE`
+    (waiting on one queue's own key); both record the message in the same step."""
+
+    QoS = QoS
     _opened_with: dict[bool, dict[str, Any]]
+    _polled: str | None = None  # the key BLMOVE waits on; None for a take
+    _wait_next = False
+    _in_poll: Any
+    _brpop_sent_at: Any
+
+    @property
+    def taken(self) -> dict[str, tuple[str, bytes]]:
+        """Delivery tag -> (in-flight list, the message as taken), for the messages not yet acknowledged."""
+        taken: dict[str, tuple[str, bytes]] = self.__dict__.setdefault("_taken", {})
+        return taken
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -57,6 +143,59 @@ class Channel(kombu_redis.Channel):
         if self.connection.client is not None or asynchronous not in opened:
             opened[asynchronous] = super()._connparams(asynchronous=asynchronous)
         return dict(opened[asynchronous])
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        """Take the next waiting message, or (after a take found none) wait for one on the next queue."""
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        prefix = inflight_key(process_leases(self).holder, "")
+        if self._wait_next:
+            wait_s = self.brpop_timeout if timeout is None else timeout
+            if len(queues) > 1:
+                wait_s = min(wait_s, _MULTI_QUEUE_WAIT_S)
+                self._queue_cycle.rotate(queues[0])  # the next wait is on the next queue
+            source = self._q_for_pri(queues[0], 0)
+            command: list[Any] = ["BLMOVE", source, prefix + source, "RIGHT", "LEFT", wait_s or 0]
+            self._polled = source
+        else:
+            keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+            command = ["EVAL", _TAKE, len(keys), *keys, prefix]
+            self._polled = None
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self.client.connection.send_command(*command)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        waited, source = self._wait_next, self._polled
+        try:
+            try:
+                reply = self.client.parse_response(self.client.connection, "BLMOVE" if waited else "EVAL", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()  # the next poll reconnects
+                raise
+            self._wait_next = not reply and not waited  # nothing waiting: wait for one next time
+            if not reply:
+                raise Empty()
+            if not waited:
+                source, reply = bytes_to_str(reply[0]), reply[1]
+            assert source is not None
+            self._deliver_taken(source, reply)
+            return True
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+
+    def _deliver_taken(self, source: str, item: bytes) -> None:
+        tag = delivery_tag(item)
+        if tag is not None:
+            self.taken[tag] = (inflight_key(process_leases(self).holder, source), item)
+        pause_s = float(os.environ.get(PAUSE_AFTER_TAKE_ENV) or 0)
+        if pause_s:
+            time.sleep(pause_s)  # a test kills the worker here, between taking and recording
+        queue = source.rsplit(self.sep, 1)[0]
+        self._queue_cycle.rotate(queue)
+        self.connection._deliver(loads(bytes_to_str(item)), queue)
 
 
 class BrokerTransport(kombu_redis.Transport):

@@ -17,8 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 import structlog
 
@@ -44,20 +46,24 @@ def child_hostname(hostname: str | None, index: int) -> str:
     return f"{name}-{index}@{host or '%h'}"
 
 
-def supervise(child_argv: list[str], processes: int, hostname: str | None, metrics_port: int) -> int:
+def supervise(
+    child_argv: list[str], processes: int, hostname: str | None, metrics_port: int, collectors: Sequence[Any] = ()
+) -> int:
     """Run `processes` children of `python -m worker worker <child_argv> -n <name>` until told to stop."""
     own_directory = MULTIPROC_DIR_ENV not in os.environ
     if own_directory:
         os.environ[MULTIPROC_DIR_ENV] = tempfile.mkdtemp(prefix="toolworker-metrics-")
     try:
-        return _run(child_argv, processes, hostname, metrics_port)
+        return _run(child_argv, processes, hostname, metrics_port, collectors)
     finally:
         if own_directory:
             shutil.rmtree(os.environ.pop(MULTIPROC_DIR_ENV), ignore_errors=True)
 
 
-def _run(child_argv: list[str], processes: int, hostname: str | None, metrics_port: int) -> int:
-    start_metrics_server(metrics_port)
+def _run(
+    child_argv: list[str], processes: int, hostname: str | None, metrics_port: int, collectors: Sequence[Any]
+) -> int:
+    start_metrics_server(metrics_port, collectors=collectors)
     supervisor = Supervisor(child_argv, hostname)
     supervisor.children = {i: supervisor.start(i) for i in range(processes)}
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,151 @@
+"""Leases: which live worker process holds which messages, so that a dead one's come back in seconds.
+
+    take       BLMOVE <queue> -> toolworker:inflight:<holder>:<queue>   (one atomic step: no message is
+               ever only in a process's memory)
+    hold       SET toolworker:lease:<holder> EX lease_s, renewed every lease_s / 5 by a thread of its own
+    ack        LREM it from the holder's in-flight list (and kombu's unacked records, as before)
+    recover    any live worker, every few seconds: a holder in toolworker:holders without a lease is dead;
+               its in-flight messages go back to their queues, marked redelivered (so the done-key
+               check applies), in one transaction that a renewed lease aborts
+
+A holder is a worker process, not a broker channel: a channel that reconnects keeps its messages, and
+they are acknowledged on the new connection. A call that runs for an hour under a live holder is never
+handed out again; the visibility timeout stays only as a last resort, far above any call.
+
+This module owns its Redis keys (LEASE_PREFIX, INFLIGHT_PREFIX, HOLDERS_KEY).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import structlog
+
+log = structlog.get_logger("toolworker.leases")
+
+LEASE_PREFIX = "toolworker:lease:"
+INFLIGHT_PREFIX = "toolworker:inflight:"
+HOLDERS_KEY = "toolworker:holders"
+_RENEWALS_PER_LEASE = 5
+_REDIS_TIMEOUT_S = 2.0
+
+
+def inflight_key(holder: str, queue_key: str) -> str:
+    return f"{INFLIGHT_PREFIX}{holder}:{queue_key}"
+
+
+def redelivered(raw: bytes) -> bytes | str:
+    """A message taken back from a dead holder, marked as kombu marks what it restores (a message that is
+    not a JSON object goes back as it was: the consumer dead-letters it)."""
+    try:
+        payload = json.loads(raw)
+        payload.setdefault("headers", {})["redelivered"] = True
+        payload.setdefault("properties", {}).setdefault("delivery_info", {})["redelivered"] = True
+    except (ValueError, AttributeError, TypeError):
+        return raw
+    return json.dumps(payload)
+
+
+def delivery_tag(raw: bytes) -> str | None:
+    try:
+        tag = json.loads(raw)["properties"]["delivery_tag"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return tag if isinstance(tag, str) else None
+
+
+class Leases:
+    """This process's lease (one holder per process), and the sweep for the holders that died."""
+
+    def __init__(self, client: redis.Redis, lease_s: float, unacked_key: str, unacked_index_key: str) -> None:
+        self.client = client
+        self.lease_s = lease_s
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._unacked_keys = (unacked_key, unacked_index_key)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._quiet_until = 0.0  # after losing Redis, others get a lease's time to renew before a sweep
+
+    def start(self) -> None:
+        self.renew()
+        self._thread = threading.Thread(target=self._run, name="toolworker-leases", daemon=True)
+        self._thread.start()
+
+    def renew(self) -> None:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.set(LEASE_PREFIX + self.holder, "1", px=int(self.lease_s * 1000))
+            pipe.sadd(HOLDERS_KEY, self.holder)
+            pipe.execute()
+
+    def release(self) -> None:
+        """Give the lease up and hand back at once whatever is still held (a process that exits, after
+        kombu has put back the messages it delivered)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(_REDIS_TIMEOUT_S * 2)
+        try:
+            self.client.delete(LEASE_PREFIX + self.holder)
+            self.recover(self.holder)
+        except redis.RedisError as exc:
+            log.warning("lease.release_failed", error=str(exc))
+
+    def _run(self) -> None:
+        interval_s = self.lease_s / _RENEWALS_PER_LEASE
+        while not self._stop.wait(interval_s):
+            try:
+                self.renew()
+                if time.monotonic() >= self._quiet_until:
+                    self.sweep()
+            except redis.RedisError as exc:
+                self._quiet_until = time.monotonic() + self.lease_s
+                log.warning("lease.renew_failed", error=str(exc))
+
+    def sweep(self) -> int:
+        """Hand the messages of every holder without a lease back to their queues; how many went back."""
+        moved = 0
+        for raw_holder in self.client.smembers(HOLDERS_KEY):
+            holder = raw_holder.decode() if isinstance(raw_holder, bytes) else str(raw_holder)
+            if holder != self.holder and not self.client.exists(LEASE_PREFIX + holder):
+                moved += self.recover(holder)
+        return moved
+
+    def recover(self, holder: str) -> int:
+        """Requeue a dead holder's in-flight messages, unless its lease is renewed meanwhile."""
+        prefix = f"{INFLIGHT_PREFIX}{holder}:"
+        moved = 0
+        for key in self.client.scan_iter(match=prefix + "*", count=100):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            requeue: Any = self._requeue(holder, name, name[len(prefix) :])
+            requeued: Any = self.client.transaction(requeue, LEASE_PREFIX + holder, name, value_from_callable=True)
+            moved += int(requeued)
+        self.client.srem(HOLDERS_KEY, holder)  # a holder that comes back adds itself again
+        if moved:
+            log.warning("lease.recovered", holder=holder, messages=moved)
+        return moved
+
+    def _requeue(self, holder: str, inflight: str, queue_key: str) -> Callable[[Any], int]:
+        unacked, unacked_index = self._unacked_keys
+
+        def requeue(pipe: Any) -> int:
+            if pipe.exists(LEASE_PREFIX + holder):
+                return 0
+            items = pipe.lrange(inflight, 0, -1)
+            pipe.multi()
+            for raw in reversed(items):  # the oldest first; BLMOVE pushed each new one to the head
+                tag = delivery_tag(raw)
+                if tag is not None:
+                    pipe.hdel(unacked, tag)
+                    pipe.zrem(unacked_index, tag)
+                pipe.rpush(queue_key, redelivered(raw))
+            pipe.delete(inflight)
+            return len(items)
+
+        return requeue
