@@ -365,9 +365,13 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from worker.definitions.store import unset_settings
+
     toolset = _load_toolset(args.paths)
     for problem in toolset.problems:
         print(problem, file=sys.stderr)
+    for unset in unset_settings(toolset, os.environ):
+        print(f"unset: {unset}", file=sys.stderr)
     count = len(toolset.problems)
     summary = f"{len(toolset.tools)} tools, {len(toolset.upstreams)} upstreams, {count} problem{'s' * (count != 1)}"
     print(summary)

@@ -13,13 +13,14 @@ from yarl import URL
 from worker import logs, metrics
 from worker.call.admission import Turn
 from worker.call.attempt import Attempt, breaker_for, redirect_check
+from worker.call.auth import authorize
 from worker.call.rendering import render
 from worker.call.retries import send_with_retries
 from worker.call.runtime import Runtime
 from worker.call.shaping import describe_request, read_limit, shape_result
 from worker.definitions.model import IDEMPOTENT_METHODS, Tool, Upstream
 from worker.envelope import ToolResult
-from worker.http.transport import PreparedRequest
+from worker.http.transport import PreparedRequest, Response
 from worker.protocol import ToolCall
 
 log = structlog.get_logger("toolworker.call")
@@ -48,24 +49,35 @@ class HttpHandler(ABC):
         turn = Turn(runtime.turns(job.upstream), job.upstream, job.deadline)
         await turn.take()
         try:
-            request = self.prepare(job, runtime)
-            logs.bind_secrets(request.secrets)
-            if request.dropped_headers:
-                log.info("call.headers_dropped", headers=list(request.dropped_headers))
-            describe_request(envelope, request, job.upstream)
-            trusted = self.trusted_origin(request)
-            check = redirect_check(trusted, job.upstream, runtime.policy)
-            breaker = breaker_for(runtime, job.upstream, trusted)
-            attempt = Attempt(runtime, request, job.upstream, job.deadline, check, trusted, breaker, turn)
-            with metrics.in_flight(job.tool.name, job.upstream.name):
-                response = await send_with_retries(attempt, envelope, read_limit(job.tool, job.upstream))
+            request, token = await self.prepare(job, runtime)
+            response = await self._send(job, runtime, envelope, request, turn)
+            if response.status == 401 and token is not None:  # the token was revoked: one more, then once again
+                sent = envelope.attempts
+                request, _ = await self.prepare(job, runtime, stale=token)
+                response = await self._send(job, runtime, envelope, request, turn)
+                envelope.attempts += sent
             shape_result(envelope, response, job.tool, job.upstream, request.secrets)
         finally:
             turn.give_back()
 
+    async def _send(
+        self, job: Job, runtime: Runtime, envelope: ToolResult, request: PreparedRequest, turn: Turn
+    ) -> Response:
+        logs.bind_secrets(request.secrets)
+        if request.dropped_headers:
+            log.info("call.headers_dropped", headers=list(request.dropped_headers))
+        describe_request(envelope, request, job.upstream)
+        trusted = self.trusted_origin(request)
+        check = redirect_check(trusted, job.upstream, runtime.policy)
+        breaker = breaker_for(runtime, job.upstream, trusted)
+        attempt = Attempt(runtime, request, job.upstream, job.deadline, check, trusted, breaker, turn)
+        with metrics.in_flight(job.tool.name, job.upstream.name):
+            return await send_with_retries(attempt, envelope, read_limit(job.tool, job.upstream))
+
     @abstractmethod
-    def prepare(self, job: Job, runtime: Runtime) -> PreparedRequest:
-        """The request to send, rendered without I/O."""
+    async def prepare(self, job: Job, runtime: Runtime, stale: str | None = None) -> tuple[PreparedRequest, str | None]:
+        """The request to send, and the OAuth2 token on it (None: none, or not one a 401 could renew);
+        `stale` is a token the upstream refused."""
 
     @abstractmethod
     def trusted_origin(self, request: PreparedRequest) -> URL | None:
@@ -75,9 +87,12 @@ class HttpHandler(ABC):
 class DefinedTool(HttpHandler):
     """A tool rendered from its definition's templates; it reaches its own upstream only."""
 
-    def prepare(self, job: Job, runtime: Runtime) -> PreparedRequest:
+    async def prepare(self, job: Job, runtime: Runtime, stale: str | None = None) -> tuple[PreparedRequest, str | None]:
         request = render(job.tool, job.upstream, job.arguments, job.call.headers, runtime.environ)
-        return with_idempotency_key(request, job.upstream, job.call)
+        request, token = await authorize(
+            request, job.upstream, job.call, runtime.environ, runtime.tokens, job.deadline, stale
+        )
+        return with_idempotency_key(request, job.upstream, job.call), token
 
     def trusted_origin(self, request: PreparedRequest) -> URL | None:
         return URL(request.url, encoded=True).origin()

@@ -70,8 +70,8 @@ _Headers = dict[str, tuple[str, str]]  # lower-case name -> (name as given, valu
 class HttpRequestTool(HttpHandler):
     """The model's own request; every hop passes the egress policy (no origin is trusted)."""
 
-    def prepare(self, job: Job, runtime: Runtime) -> PreparedRequest:
-        return render_http_request(job.arguments, runtime.policy)
+    async def prepare(self, job: Job, runtime: Runtime, stale: str | None = None) -> tuple[PreparedRequest, str | None]:
+        return render_http_request(job.arguments, runtime.policy), None
 
     def trusted_origin(self, request: PreparedRequest) -> URL | None:
         return None

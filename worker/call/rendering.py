@@ -56,6 +56,11 @@ def render(
     )
 
 
+def render_secret(template: Template, environ: Mapping[str, str]) -> str:
+    """A credential's template (`${env:...}`, `${file:...}`, literal text; no arguments) as text."""
+    return _Context({}, environ).interpolate(template)
+
+
 class _Context:
     """Argument and environment lookups for one rendering, collecting the secrets it meets."""
 

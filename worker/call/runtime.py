@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from jsonschema import Draft202012Validator
 
 from worker import errors
+from worker.call.auth import TokenCache
 from worker.call.circuit import Breakers
 from worker.constants import TOOL_ALIASES
 from worker.definitions.model import Tool, ToolSet, Upstream
@@ -38,6 +39,7 @@ class Runtime:
         # Shared state between workers (rate limits); None where no Redis is at hand (unit tests).
         self.redis = redis
         self.breakers = Breakers()
+        self.tokens = TokenCache(redis)
         self._validators: dict[str, Draft202012Validator] = {}
         self._turns: dict[str, asyncio.Semaphore] = {}
 

@@ -66,6 +66,36 @@ class RateLimit:
     burst: int = 1
 
 
+AUTH_TYPES = ("bearer", "basic", "api_key", "oauth2_client_credentials")
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    """How requests to an upstream authenticate; the secrets are templates (`${env:...}`, `${file:...}`)."""
+
+    type: str  # one of AUTH_TYPES
+    token: Template | None = None  # bearer
+    username: Template | None = None  # basic
+    password: Template | None = None  # basic
+    value: Template | None = None  # api_key
+    location: str = "header"  # api_key: "header" or "query"
+    name: str = ""  # api_key: the header or query parameter
+    token_url: Template | None = None  # oauth2_client_credentials, and the rest
+    client_id: Template | None = None
+    client_secret: Template | None = None
+    scope: str | None = None
+    audience: str | None = None
+    extra_params: Mapping[str, Template] = field(default_factory=dict)
+    auth_method: str = "body"  # how the client authenticates at the token URL: "body" or "basic"
+    # A call header (lower case) whose value, when the call has it, replaces the upstream's own credential.
+    per_call_header: str | None = None
+
+    @property
+    def templates(self) -> list[Template]:
+        fields = (self.token, self.username, self.password, self.value, self.token_url, self.client_id)
+        return [t for t in (*fields, self.client_secret, *self.extra_params.values()) if t is not None]
+
+
 @dataclass(frozen=True, slots=True)
 class Upstream:
     name: str
@@ -85,6 +115,7 @@ class Upstream:
     allow_offsite_redirects: bool = False
     circuit: CircuitPolicy = CircuitPolicy()
     rate_limit: RateLimit | None = None
+    auth: Auth | None = None
     source: Source = Source("<builtin>")
 
 

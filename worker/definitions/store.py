@@ -13,6 +13,7 @@ from jsonschema.exceptions import SchemaError
 
 from worker.definitions.model import Problem, Source, Tool, ToolSet
 from worker.definitions.readers import DefinitionSyntaxError, parse_file, read_document
+from worker.definitions.templates import Env, File
 
 SUFFIXES = frozenset({".yaml", ".yml", ".json"})
 
@@ -76,3 +77,22 @@ def tool_problems(tool: Tool, toolset: ToolSet) -> list[str]:
                     f"template {template.source!r} names argument {name!r}, which input_schema does not declare"
                 )
     return problems
+
+
+def unset_settings(toolset: ToolSet, environ: Mapping[str, str]) -> list[str]:
+    """What an upstream's templates need that this environment lacks: `${env:NAME}`s without a value or a
+    default, `${file:...}`s that could not be read. A worker without them answers the upstream's calls 78."""
+    found: dict[str, None] = {}
+    for upstream in toolset.upstreams.values():
+        templates = [upstream.base_url, *upstream.headers.values(), *(upstream.auth.templates if upstream.auth else [])]
+        for part in (part for template in templates for part in template.parts):
+            if isinstance(part, File) and part.content is None:
+                found[f"{upstream.name}: the secret file {part.name} cannot be read"] = None
+            elif (
+                isinstance(part, Env)
+                and not isinstance(part, File)
+                and not environ.get(part.name)
+                and part.default is None
+            ):
+                found[f"{upstream.name}: ${{env:{part.name}}} is unset"] = None
+    return list(found)

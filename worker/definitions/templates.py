@@ -1,4 +1,5 @@
-"""Templates of tool definitions: `${arg}`, `${env:NAME}`, `${env:NAME:-default}`; `$${` is a literal `${`.
+"""Templates of tool definitions: `${arg}`, `${env:NAME}`, `${env:NAME:-default}`, `${file:/path}` (a mounted
+secret, read when the definitions are loaded, trailing newline stripped); `$${` is a literal `${`.
 
 A template is parsed once, at load time, into literal text and placeholders. Rendering is left to
 `rendering.py`, which decides how a value is encoded where it lands (path segment, query, JSON text).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 _PLACEHOLDER = re.compile(r"\$\$\{|\$\{([^{}]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -27,6 +29,13 @@ class Arg:
 class Env:
     name: str
     default: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class File(Env):
+    """A secret read from a file at load time (`name` is its path); None when it could not be read."""
+
+    content: str | None = None
 
 
 Part = str | Arg | Env
@@ -71,7 +80,12 @@ class MissingEnv(LookupError):
 
 
 def resolve_env(part: Env, environ: Mapping[str, str]) -> str:
-    """Like the shell's `${NAME:-default}`: the default also stands in for an empty value."""
+    """Like the shell's `${NAME:-default}`: the default also stands in for an empty value. A file's content
+    as it was read."""
+    if isinstance(part, File):
+        if part.content is None:
+            raise MissingEnv(f"the secret file {part.name}")
+        return part.content
     value = environ.get(part.name)
     if value:
         return value
@@ -110,6 +124,8 @@ def _checked_literal(chunk: str, text: str) -> str:
 
 def _placeholder(inner: str, text: str) -> Arg | Env:
     inner = inner.strip()
+    if inner.startswith("file:"):
+        return _file(inner[5:], text)
     if inner.startswith("env:"):
         name, _, default = inner[4:].partition(":-")
         if not _ENV_NAME.match(name):
@@ -118,3 +134,13 @@ def _placeholder(inner: str, text: str) -> Arg | Env:
     if not inner:
         raise TemplateSyntaxError(f"empty placeholder in {text!r}")
     return Arg(inner)
+
+
+def _file(path: str, text: str) -> File:
+    if not path.startswith("/"):
+        raise TemplateSyntaxError(f"a secret file must be an absolute path in {text!r}")
+    try:
+        content = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError:
+        content = None  # reported by `toolworker validate`; a call that needs it ends with 78
+    return File(path, content=content)

@@ -51,6 +51,7 @@ from worker.definitions.model import (
     ToolSet,
 )
 from worker.definitions.readers.document import DefinitionSyntaxError, Document, parse_file
+from worker.definitions.readers.security import auth_skeleton
 from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
 from worker.definitions.templates import Template, TemplateSyntaxError, escape
 
@@ -942,8 +943,12 @@ def import_openapi(
     ]
     if problems is not None:
         problems.extend(found)
+    entry: dict[str, Any] = {"base_url": base_url or escape(url)}
+    auth = auth_skeleton(spec.doc.data, upstream)
+    if auth is not None:
+        entry["auth"] = auth
     return {
-        "upstreams": {upstream: {"base_url": base_url or escape(url)}},
+        "upstreams": {upstream: entry},
         "tools": [tool_definition(op, upstream, spec) for op in operations if not op.unusable],
     }
 

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from worker.definitions.jolt import jolt_transform
 from worker.definitions.model import TOOL_NAME_PATTERN, Body, RequestTemplate, Source, Tool, ToolSet, Upstream
 from worker.definitions.readers.document import Document, StrictModel
-from worker.definitions.templates import Arg, Env, Part, Template, TemplateSyntaxError, escape
+from worker.definitions.templates import Arg, Env, File, Part, Template, TemplateSyntaxError, escape
 from worker.definitions.transforms import TransformError
 
 JSON = Any
@@ -348,6 +348,8 @@ def _join(parts: Sequence[Part], decode: bool = False) -> Template:
 def _native(part: Part, decode: bool) -> str:
     if isinstance(part, Arg):
         return "${" + part.name + "}"
+    if isinstance(part, File):
+        return "${file:" + part.name + "}"
     if isinstance(part, Env):
         default = f":-{part.default}" if part.default is not None else ""
         return "${env:" + part.name + default + "}"

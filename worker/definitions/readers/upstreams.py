@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from worker import constants
-from worker.definitions.model import CircuitPolicy, RateLimit, RetryPolicy, Source, Upstream
+from worker.definitions.model import Auth, CircuitPolicy, RateLimit, RetryPolicy, Source, Upstream
 from worker.definitions.readers.document import StrictModel
 from worker.definitions.templates import Template
 
@@ -30,6 +30,34 @@ class RateLimitModel(StrictModel):
     burst: int = Field(1, ge=1)
 
 
+class AuthModel(StrictModel):
+    """`auth:` of an upstream; which fields a type needs is checked by `build_auth`."""
+
+    type: Literal["bearer", "basic", "api_key", "oauth2_client_credentials"]
+    token: str | None = None
+    username: str | None = None
+    password: str | None = None
+    value: str | None = None
+    in_: Literal["header", "query"] = Field("header", alias="in")
+    name: str | None = Field(None, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+    token_url: str | None = None
+    client_id: str | None = None
+    client_secret: str | None = None
+    scope: str | None = None
+    audience: str | None = None
+    extra_params: dict[str, str] = {}
+    auth_method: Literal["body", "basic"] = "body"
+    per_call_header: str | None = Field(None, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+
+
+_REQUIRED = {
+    "bearer": ("token",),
+    "basic": ("username", "password"),
+    "api_key": ("name", "value"),
+    "oauth2_client_credentials": ("token_url", "client_id", "client_secret"),
+}
+
+
 class UpstreamModel(StrictModel):
     base_url: str
     timeout_seconds: float = Field(constants.DEFAULT_UPSTREAM_TIMEOUT_S, gt=0)
@@ -45,6 +73,40 @@ class UpstreamModel(StrictModel):
     allow_offsite_redirects: bool = False
     circuit: CircuitModel = CircuitModel()
     rate_limit: RateLimitModel | None = None
+    auth: AuthModel | None = None
+
+
+def build_auth(name: str, model: AuthModel) -> Auth:
+    missing = [f for f in _REQUIRED[model.type] if getattr(model, f) is None]
+    # A bearer credential may come only from each call (an end user's token).
+    if model.type == "bearer" and model.per_call_header:
+        missing = []
+    if missing:
+        raise ValueError(f"upstream {name!r}: auth {model.type} needs {', '.join(missing)}")
+
+    def template(text: str | None) -> Template | None:
+        parsed = None if text is None else Template.parse(text)
+        if parsed is not None and parsed.arg_names:
+            raise ValueError(f"upstream {name!r}: auth may use ${{env:...}} and ${{file:...}} but not arguments")
+        return parsed
+
+    return Auth(
+        type=model.type,
+        token=template(model.token),
+        username=template(model.username),
+        password=template(model.password),
+        value=template(model.value),
+        location=model.in_,
+        name=model.name or "",
+        token_url=template(model.token_url),
+        client_id=template(model.client_id),
+        client_secret=template(model.client_secret),
+        scope=model.scope,
+        audience=model.audience,
+        extra_params={k: Template.parse(v) for k, v in model.extra_params.items()},
+        auth_method=model.auth_method,
+        per_call_header=model.per_call_header.lower() if model.per_call_header else None,
+    )
 
 
 def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
@@ -74,5 +136,6 @@ def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
         allow_offsite_redirects=model.allow_offsite_redirects,
         circuit=CircuitPolicy(model.circuit.threshold, model.circuit.cooldown_seconds),
         rate_limit=RateLimit(model.rate_limit.per_second, model.rate_limit.burst) if model.rate_limit else None,
+        auth=build_auth(name, model.auth) if model.auth else None,
         source=source,
     )
