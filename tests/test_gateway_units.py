@@ -11,7 +11,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
-from worker.definitions.model import RequestTemplate, Tool, ToolSet, Upstream
+from worker.definitions.model import Auth, RequestTemplate, Tool, ToolSet, Upstream
 from worker.definitions.templates import Template
 from worker.envelope import ToolResult
 from worker.gateway import discovery
@@ -184,3 +184,11 @@ def test_without_tokens_the_gateway_binds_loopback_only() -> None:
     assert logs[0]["event"] == "gateway.loopback_only" and "TOKENS" in logs[0]["reason"]
     assert bind_host(Settings(), "127.0.0.1") == "127.0.0.1"
     assert bind_host(Settings(gateway_tokens="t"), "0.0.0.0") == "0.0.0.0"
+
+
+def test_the_per_call_credential_header_travels() -> None:
+    """The call header that carries an end user's own credential (`auth.per_call_header`) goes with the call."""
+    auth = Auth("bearer", per_call_header="x-user-token")
+    upstream = Upstream("api", Template.literal(""), auth=auth)
+    headers = {"x-user-token": "u", "authorization": "Bearer gateway"}
+    assert forwarded(headers, upstream) == {"x-user-token": "u"}

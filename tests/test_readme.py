@@ -145,3 +145,16 @@ def test_native_yaml_example_loads(tmp_path: Path) -> None:
     assert set(toolset.tools) == {"ticket_lookup"}
     upstream = toolset.upstreams["support"]
     assert upstream.queue == "support" and upstream.rate_limit is not None
+
+
+def test_authentication_example_loads(tmp_path: Path) -> None:
+    """The README's authentication example is a valid definitions file, with one upstream per auth type."""
+    from worker.definitions import store
+
+    [block] = [b for b in code_blocks("yaml") if "oauth2_client_credentials" in b and "per_call_header" in b]
+    path = tmp_path / "auth.yaml"
+    path.write_text(block)
+    toolset = store.load([path], {})
+    assert toolset.problems == []
+    kinds = {name: upstream.auth.type for name, upstream in toolset.upstreams.items() if upstream.auth}
+    assert sorted(kinds.values()) == ["api_key", "basic", "bearer", "bearer", "oauth2_client_credentials"]
