@@ -215,6 +215,7 @@ class FaultUpstream:
 
 @pytest.fixture(scope="module")
 def fault_upstream() -> Iterator[FaultUpstream]:
+    """The misbehaving upstream, counting requests per kind and in flight."""
     state = FaultState()
     server = ServerThread(FaultHandlers(state).app()).start()
     yield FaultUpstream(server.url, state)
@@ -223,6 +224,7 @@ def fault_upstream() -> Iterator[FaultUpstream]:
 
 @pytest.fixture(scope="module")
 def raw_upstream() -> Iterator[RawServer]:
+    """A raw socket server (the stack's environment names it)."""
     server = RawServer().start()
     yield server
     server.stop()

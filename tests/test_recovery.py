@@ -12,7 +12,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,19 @@ import pytest
 from celery import Celery
 
 from tests.conftest import start_worker
-from tests.servers import DnsServer, ServerThread
-from tests.test_faults import (
+from tests.servers import DnsServer
+from tests.test_faults import (  # the fault tests' upstreams are this module's fixtures too
     FAULTS,
-    FaultHandlers,
-    FaultState,
     FaultUpstream,
     RawServer,
     Stack,
     enqueue,
+    fault_upstream,
     holdings,
     make_call,
     make_stack,
     per_call,
+    raw_upstream,
     report,
     stream_envelopes,
     wait_for_envelopes,
@@ -47,23 +46,6 @@ from worker.queue.leases import HOLDERS_KEY
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 KILLS = 50
-
-
-@pytest.fixture(scope="module")
-def fault_upstream() -> Iterator[FaultUpstream]:
-    """The fault tests' upstream, counting requests per kind and in flight."""
-    state = FaultState()
-    server = ServerThread(FaultHandlers(state).app()).start()
-    yield FaultUpstream(server.url, state)
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def raw_upstream() -> Iterator[RawServer]:
-    """The fault tests' raw socket server (the stack's environment names it)."""
-    server = RawServer().start()
-    yield server
-    server.stop()
 
 
 def start_victim(stack: Stack, index: int, pause_s: float = 0) -> subprocess.Popen[bytes]:

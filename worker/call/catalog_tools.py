@@ -31,15 +31,7 @@ _CATALOG: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "catalog_search": (
         "Find the tools that best match a question, best first.",
-        {
-            "type": "object",
-            "properties": {
-                "question": {"type": "string", "minLength": 1},
-                "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
-            },
-            "required": ["question"],
-            "additionalProperties": False,
-        },
+        catalog.SEARCH_SCHEMA,
     ),
 }
 

@@ -171,6 +171,18 @@ class SearchIndex:
         return weight * (_BM25_K1 + 1) / (weight + _BM25_K1 * norm)
 
 
+# The arguments of a catalog search, as the catalog tools and the gateway's discovery mode offer it.
+SEARCH_SCHEMA: dict[str, JSON] = {
+    "type": "object",
+    "properties": {
+        "question": {"type": "string", "minLength": 1},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
+    },
+    "required": ["question"],
+    "additionalProperties": False,
+}
+
+
 def search(toolset: ToolSet, question: str, top_k: int = 5) -> list[dict[str, JSON]]:
     """The `top_k` tools that best match a question, as light summaries with a `score`."""
     return [{**summary(tool), "score": round(score, 4)} for tool, score in _index(toolset).search(question, top_k)]

@@ -45,15 +45,7 @@ META_TOOLS: list[dict[str, Any]] = [
     {
         "name": "search_tools",
         "description": "Find the tools that best match a question, best first (light summaries with a score).",
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "question": {"type": "string", "minLength": 1},
-                "top_k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
-            },
-            "required": ["question"],
-            "additionalProperties": False,
-        },
+        "inputSchema": catalog.SEARCH_SCHEMA,
         "annotations": _READ_ONLY,
     },
     {
