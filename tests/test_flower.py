@@ -107,16 +107,16 @@ def flower(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def _wait_for_tasks(flower: FlowerProcess, call_ids: list[str], timeout_s: float = 30) -> dict[str, Any]:
-    """Flower's records of these calls, once every one has reached SUCCESS (bounded)."""
+    """Flower's records of these calls, once every one has ended, SUCCESS or FAILURE (bounded)."""
 
     def done() -> dict[str, Any] | None:
         status, tasks = flower.get(f"/api/tasks?taskname={TASK_EXECUTE}")
         found = {cid: tasks[cid] for cid in call_ids if status == 200 and cid in tasks}
-        complete = len(found) == len(call_ids) and all(t["state"] == "SUCCESS" for t in found.values())
-        return found if complete else None
+        ended = all(t["state"] in {"SUCCESS", "FAILURE"} for t in found.values())
+        return found if len(found) == len(call_ids) and ended else None
 
     found = _poll(done, timeout_s)
-    assert found, f"Flower did not show {call_ids} as SUCCESS; its log:\n{flower.log_text()}"
+    assert found, f"Flower did not show {call_ids} as ended; its log:\n{flower.log_text()}"
     return dict(found)
 
 
@@ -137,6 +137,7 @@ def test_calls_show_in_flower_redacted(flower: FlowerProcess, client: ToolClient
         assert call["arguments"] == {"item": item}
         assert call["headers"] == {"X-User-Token": REDACTED}
     assert json.loads(tasks[plain.call_id]["args"])[0]["arguments"] == {"code": 404}
+    assert {tasks[r.call_id]["state"] for r in with_header} == {"SUCCESS"}
     status, everything = flower.get("/api/tasks")
     assert status == 200 and secret not in json.dumps(everything)
     status, one = flower.get(f"/api/task/info/{with_header[0].call_id}")
@@ -168,3 +169,24 @@ def test_api_needs_basic_auth(flower: FlowerProcess, path: str, auth: tuple[str,
     """Without credentials, or with wrong ones, the API answers 401."""
     status, _ = flower.get(path, auth=auth)
     assert status == 401
+
+
+def test_a_failed_call_is_failed_in_flower_and_a_stock_client_still_gets_its_envelope(
+    flower: FlowerProcess, client: ToolClient, worker: WorkerProcess
+) -> None:
+    """A 404 call shows as FAILURE with its tool, error type and message; a 200 call as SUCCESS; Celery's own
+    `AsyncResult.get()` returns both envelopes."""
+    from celery import Celery
+
+    failed, succeeded = client.call("status", {"code": 404}), client.call("echo_get", {"item": "fine"})
+    tasks = _wait_for_tasks(flower, [failed.call_id, succeeded.call_id])
+    assert tasks[succeeded.call_id]["state"] == "SUCCESS"
+    assert tasks[failed.call_id]["state"] == "FAILURE"
+    assert "CallFailed" in tasks[failed.call_id]["exception"]
+    assert "status: exit 22 http_error" in tasks[failed.call_id]["exception"]
+    stock = Celery("stock", broker=worker.redis_url, backend=worker.redis_url, set_as_current=False)
+    try:
+        envelopes = [stock.AsyncResult(r.call_id).get(timeout=10) for r in (failed, succeeded)]
+    finally:
+        stock.close()
+    assert [(e["callId"], e["exitCode"]) for e in envelopes] == [(failed.call_id, 22), (succeeded.call_id, 0)]

@@ -30,6 +30,7 @@ from kombu.serialization import loads, prepare_accept_content
 from worker.constants import ACCEPT_CONTENT, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.loop import process_loop
 from worker.queue.bridge import serve_task
+from worker.queue.outcome import CallFailed, failure
 
 _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
 _RESULT_REPR_CHARS = 1024  # the summary shown in task events (Flower), as Celery's default
@@ -77,7 +78,8 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
     def _complete(self, callback: Callable[..., Any], future: Future[Any], runtime: float) -> None:
         try:
             try:  # the summary's repr (a batch's is long) is made here, off the loop
-                outcome = (0, saferepr(future.result(), _RESULT_REPR_CHARS), runtime)
+                summaries = future.result()
+                outcome = _failed(failure(summaries), runtime) or (0, saferepr(summaries, _RESULT_REPR_CHARS), runtime)
             except BaseException:  # Celery's failure path records and acknowledges it
                 outcome = (1, ExceptionInfo(), runtime)
             callback(outcome)
@@ -90,6 +92,19 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
         with self._idle:  # a warm shutdown: the calls in flight finish and are acknowledged
             self._idle.wait_for(lambda: self._pending == 0)
         super().on_stop()
+
+
+def _failed(failed: CallFailed | None, runtime: float) -> tuple[int, ExceptionInfo, float] | None:
+    """Celery's failure outcome for a message whose calls failed: a task-failed event that names the error
+    (no traceback: nothing raised), then the acknowledgement."""
+    if failed is None:
+        return None
+    try:
+        raise failed
+    except CallFailed:
+        info = ExceptionInfo()
+    info.exception = failed  # billiard wraps it for pickling; the event would show the wrapper's repr
+    return 1, info, runtime
 
 
 def _call_payload(args: tuple[Any, ...]) -> tuple[Any] | None:

@@ -55,7 +55,11 @@ class Service:
     async def _answer(self, item: ToolCall | ToolResult, reply_to: str | None, received_at: float) -> dict[str, Any]:
         result = item if isinstance(item, ToolResult) else await run_call(item, self.runtime, received_at)
         await self.publisher.publish_one(result, reply_to)
-        return {"callId": result.call_id, "exitCode": result.exit_code, "statusCode": result.status_code}
+        summary = {"callId": result.call_id, "tool": result.tool, "exitCode": result.exit_code}
+        summary["statusCode"] = result.status_code
+        if result.error is not None:  # what Flower shows of a failed call (written for the model: no secret)
+            summary["error"] = result.error
+        return summary
 
     async def switch(self, version: int, toolset: ToolSet) -> None:
         """Serve a newly published definitions version from the next call on."""

@@ -14,6 +14,7 @@ from worker.protocol import redacted_repr
 from worker.queue.app import app
 from worker.queue.bridge import close_process_service, process_service, run_task
 from worker.queue.heap import settle_heap
+from worker.queue.outcome import CallFailed, failure
 
 
 class RedactedRequest(Request):  # type: ignore[misc]
@@ -35,11 +36,14 @@ class CallTask(Task):  # type: ignore[misc]
     retry_on_worker_lost = True
     max_retries = 3
     ignore_result = True
+    # A failed call is expected: Celery logs it in one line, without a traceback (the envelope says why).
+    throws = (CallFailed,)
 
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE)
 def execute(self: CallTask, message: Any = None) -> dict[str, Any] | None:
     summary: dict[str, Any] | None = run_task(TASK_EXECUTE, self.request.id, message, self.request.delivery_info)
+    _raise_if_failed(summary)
     return summary
 
 
@@ -48,7 +52,15 @@ def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
     summaries: list[dict[str, Any]] = run_task(
         TASK_EXECUTE_BATCH, self.request.id, messages, self.request.delivery_info
     )
+    _raise_if_failed(summaries)
     return summaries
+
+
+def _raise_if_failed(summaries: Any) -> None:
+    """CallFailed when a call failed, so that Flower shows the message failed (the envelopes are out)."""
+    failed = failure(summaries)
+    if failed is not None:
+        raise failed
 
 
 @worker_ready.connect
