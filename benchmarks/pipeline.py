@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,10 +114,18 @@ def definitions(directory: Path, max_concurrency: int) -> Path:
 
 @contextmanager
 def toolworker(
-    redis_url: str, upstream_url: str, threads: int, max_concurrency: int, processes: int = 1, task_events: bool = True
+    redis_url: str,
+    upstream_url: str,
+    threads: int,
+    max_concurrency: int,
+    processes: int = 1,
+    task_events: bool = True,
+    extra_env: Mapping[str, str] | None = None,
+    tree: Path = ROOT,
 ) -> Iterator[int]:
     """`toolworker worker -c N --processes P` serving the benchmark tool; yields its pid once every process
-    answers (the pid of the supervisor when P > 1: its tree is metered)."""
+    answers (the pid of the supervisor when P > 1: its tree is metered). `tree`: a checkout to run the
+    worker from (another commit, for an A/B)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
         env |= {
@@ -126,11 +134,12 @@ def toolworker(
             "TOOLWORKER_LOG_LEVEL": "WARNING",
             "TOOLWORKER_TASK_EVENTS": str(task_events).lower(),
             "BENCH_UPSTREAM_URL": upstream_url,
+            **(extra_env or {}),
         }
         argv = [sys.executable, "-m", "worker", "worker", "-P", "threads", "-c", str(threads), "--loglevel", "WARNING"]
         argv += ["--processes", str(processes)]
         log = Path(tmp) / "worker.log"
-        with process_group(argv, env, log) as pid:
+        with process_group(argv, env, log, cwd=tree) as pid:
             _warm_up_toolworker(redis_url, log)
             _wait_for_nodes(redis_url, processes, log)
             yield pid
@@ -173,10 +182,10 @@ def baseline_worker(redis_url: str, upstream_url: str, processes: int) -> Iterat
 
 
 @contextmanager
-def process_group(argv: list[str], env: dict[str, str], log: Path | None = None) -> Iterator[int]:
+def process_group(argv: list[str], env: dict[str, str], log: Path | None = None, cwd: Path = ROOT) -> Iterator[int]:
     """A child in a session of its own, so that the whole tree (prefork children too) stops with it."""
     with (log or Path(os.devnull)).open("ab") as out:
-        process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=out, start_new_session=True)
+        process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=out, start_new_session=True)
     try:
         yield process.pid
     finally:

@@ -22,6 +22,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from worker import tracing
 from worker.connections import connect
 from worker.constants import (
     DEFAULT_CALL_TIMEOUT_S,
@@ -91,14 +92,23 @@ class AsyncToolClient:
         *,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         call_ids: Sequence[str] | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """Enqueue calls and return their callIds; each call's envelope can be awaited on its own."""
+        """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
+        calls carry the active span's trace context (OpenTelemetry), else `trace` when given."""
         if not 0 < timeout <= MAX_CALL_TIMEOUT_S:  # the workers would refuse the call (65)
             raise ValueError(f"timeout must be more than 0 and at most {MAX_CALL_TIMEOUT_S:g} seconds, got {timeout!r}")
         self._ensure_reader()
-        deadline = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat()
+        now = datetime.now(UTC)
+        common = {
+            "timeoutSeconds": timeout,
+            "deadline": (now + timedelta(seconds=timeout)).isoformat(),
+            "enqueuedAt": now.isoformat(),
+            "replyTo": self.reply_stream,
+            **(tracing.current_context() or trace or {}),
+        }
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
-        messages = [self._message(spec, timeout, deadline, call_id) for spec, call_id in zip(calls, ids, strict=True)]
+        messages = [_message(spec, call_id, common) for spec, call_id in zip(calls, ids, strict=True)]
         loop = asyncio.get_running_loop()
         for message in messages:
             self._waiting[message["callId"]] = loop.create_future()
@@ -189,21 +199,6 @@ class AsyncToolClient:
         await self._redis.aclose()
         await self._reader_redis.aclose()
 
-    def _message(self, spec: CallSpec, timeout: float, deadline: str, call_id: str) -> dict[str, Any]:
-        tool, arguments = spec[0], spec[1]
-        headers: Mapping[str, str] = spec[2] if len(spec) > 2 else {}
-        message: dict[str, Any] = {
-            "callId": call_id,
-            "tool": tool,
-            "arguments": dict(arguments),
-            "timeoutSeconds": timeout,
-            "deadline": deadline,
-            "replyTo": self.reply_stream,
-        }
-        if headers:
-            message["headers"] = dict(headers)
-        return message
-
     async def _collect(self, call_ids: list[str], tools: list[str], timeout: float) -> list[ToolResult]:
         """The envelopes of calls submitted here, in order, waited for together (one timer, no task
         each). A call still unanswered after `timeout` is read from the result store, else ends with 28."""
@@ -264,6 +259,15 @@ class AsyncToolClient:
                 raise TimeoutError(f"no result for call {call_id} within {timeout:g} s")
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
+
+
+def _message(spec: CallSpec, call_id: str, common: Mapping[str, Any]) -> dict[str, Any]:
+    tool, arguments = spec[0], spec[1]
+    headers: Mapping[str, str] = spec[2] if len(spec) > 2 else {}
+    message: dict[str, Any] = {"callId": call_id, "tool": tool, "arguments": dict(arguments), **common}
+    if headers:
+        message["headers"] = dict(headers)
+    return message
 
 
 def _unanswered(call_id: str, tool: str, timeout: float) -> ToolResult:

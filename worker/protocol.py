@@ -12,10 +12,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
 from worker.constants import MAX_CALL_TIMEOUT_S, REDACTED, TASK_EXECUTE
 from worker.errors import InvalidArguments
+from worker.tracing import MAX_TRACEPARENT_CHARS, MAX_TRACESTATE_CHARS
 
 _ARGSREPR_MAX = 1024
 MAX_REPLY_TO_CHARS = 512
@@ -35,6 +36,19 @@ class ToolCall(BaseModel):
     timeout_s: float | None = Field(None, alias="timeoutSeconds", gt=0, le=MAX_CALL_TIMEOUT_S)
     deadline: datetime | None = None
     reply_to: str | None = Field(None, alias="replyTo", min_length=1, max_length=MAX_REPLY_TO_CHARS)
+    # W3C trace context of the producer's span, and when the message was enqueued (worker/tracing.py).
+    traceparent: str | None = Field(None, max_length=MAX_TRACEPARENT_CHARS)
+    tracestate: str | None = Field(None, max_length=MAX_TRACESTATE_CHARS)
+    enqueued_at: datetime | None = Field(None, alias="enqueuedAt")
+
+    @field_validator("traceparent", "tracestate", "enqueued_at", mode="wrap")
+    @classmethod
+    def _never_fatal(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Tracing fields that do not parse are dropped: a call never fails for its trace context."""
+        try:
+            return handler(value)
+        except ValidationError:
+            return None
 
 
 def parse_call(message: Any, task_id: str) -> ToolCall:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from yarl import URL
 
-from worker import errors, metrics
+from worker import errors, metrics, tracing
 from worker.call import ratelimit
 from worker.call.admission import MAX_RATE_WAIT_S, Turn
 from worker.call.circuit import CircuitBreaker
@@ -32,8 +32,14 @@ class Attempt:
     breaker: CircuitBreaker | None
     turn: Turn
 
-    async def send(self, limits: Limits) -> Response:
-        """One attempt; its outcome is told to the breaker."""
+    async def send(self, limits: Limits, number: int = 1) -> Response:
+        """Attempt `number`; its outcome is told to the breaker (and its span, when tracing)."""
+        with tracing.attempting(self.request.method, self.request.url, number) as span:
+            response = await self._send(limits)
+            tracing.responded(span, response.status)
+            return response
+
+    async def _send(self, limits: Limits) -> Response:
         await self.turn.take()
         rate = self.upstream.rate_limit
         if rate is not None and self.runtime.redis is not None:
@@ -42,11 +48,12 @@ class Attempt:
         budget = min(self.upstream.timeout_s, self.deadline - time.time())
         if budget <= 0:
             raise errors.TimedOut("The call ran out of time before the upstream answered.")
+        request = self.request
+        if tracing.enabled():  # the upstream's spans join the call's trace
+            request = replace(request, headers=tracing.propagation(request.headers))
         try:
             async with asyncio.timeout(budget):
-                response = await self.runtime.transport.send(
-                    self.request, self.upstream, limits, self.check, self.trusted
-                )
+                response = await self.runtime.transport.send(request, self.upstream, limits, self.check, self.trusted)
         except TimeoutError:
             self._record(failed=True)
             raise errors.TimedOut(f"The upstream did not answer within {budget:.3g} seconds.") from None

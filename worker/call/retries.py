@@ -28,7 +28,7 @@ async def send_with_retries(attempt: Attempt, envelope: ToolResult, max_bytes: i
     for number in range(1, attempts + 1):
         envelope.attempts = number
         try:
-            response = await attempt.send(limits)
+            response = await attempt.send(limits, number)
         except errors.TransportError as exc:
             if number == attempts or not exc.retryable:
                 raise

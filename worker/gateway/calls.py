@@ -21,6 +21,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from worker import tracing
 from worker.client import AsyncToolClient
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
@@ -55,6 +56,8 @@ class CallSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     call_id: str | None = None
     timeout_s: float = 60.0
+    # The caller's W3C trace context (MCP `_meta`); else the HTTP `traceparent` header is looked for.
+    trace: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,10 @@ class Calls:
             return Submitted(call_id, tool, enqueued=False)
         headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
         call = (spec.tool, dict(spec.arguments), headers)
+        trace = spec.trace or tracing.context_from(spec.headers)
         try:
-            await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id])
+            with tracing.producing(spec.tool, trace):
+                await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id], trace=trace)
         except BaseException:  # not enqueued: the same callId may be sent again
             if spec.call_id is not None:
                 await self._claims.release(call_id)
@@ -143,6 +148,7 @@ class Calls:
 @asynccontextmanager
 async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncIterator[Calls]:
     """The gateway's calls on `settings.redis_url`, with its catalog loaded (and followed)."""
+    tracing.configure("toolworker-gateway")
     client = AsyncToolClient(settings.redis_url)
     redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     catalog = Catalog(settings, tags)

@@ -37,6 +37,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
+from worker import tracing
 from worker.envelope import ToolResult
 from worker.gateway import discovery, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, UnknownTool, check_call_id
@@ -82,8 +83,8 @@ class McpFront:
             get_tool_input_schema=self._input_schema,
             on_subscriptions_listen=ListenHandler(self.bus),
         )
-        # Tracing is issue §10's: until the gateway exports spans, the SDK's no-op span only costs time.
-        server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)
+        if not tracing.enabled():  # the SDK's span of each request, a no-op that only costs time when not tracing
+            server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)
         # Registered by method: the handlers answer with the wire's dicts (the SDK validates them once).
         server.add_request_handler("tools/list", types.PaginatedRequestParams, self.list_tools)
         server.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)
@@ -144,7 +145,8 @@ class McpFront:
         headers = _request_headers(ctx)
         try:
             call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
-            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s)
+            trace = tracing.context_from(_meta(params))
+            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace)
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None

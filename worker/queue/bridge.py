@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Coroutine, Mapping
 from concurrent.futures import Future
 from typing import Any
 
+from worker import tracing
 from worker.constants import TASK_EXECUTE
 from worker.definitions import shared
 from worker.loop import process_loop
@@ -56,6 +57,7 @@ def close_process_service(timeout_s: float = 5.0) -> None:
     if follower is not None:
         follower.cancel()
     process_loop().run(service.close(), timeout_s)
+    tracing.flush(timeout_s)
 
 
 def serve_task(

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 import structlog
 
-from worker import errors
+from worker import errors, metrics, tracing
 from worker.call.run import run_call, served_toolset
 from worker.call.runtime import Runtime
 from worker.connections import connect
@@ -53,13 +53,28 @@ class Service:
         return list(await asyncio.gather(*(self._answer(item, reply_to, received_at) for item, reply_to in pending)))
 
     async def _answer(self, item: ToolCall | ToolResult, reply_to: str | None, received_at: float) -> dict[str, Any]:
-        result = item if isinstance(item, ToolResult) else await run_call(item, self.runtime, received_at)
-        await self.publisher.publish_one(result, reply_to)
+        if isinstance(item, ToolResult):  # not a call
+            result = item
+            await self.publisher.publish_one(result, reply_to)
+        else:
+            result = await self._traced(item, reply_to, received_at)
         summary = {"callId": result.call_id, "tool": result.tool, "exitCode": result.exit_code}
         summary["statusCode"] = result.status_code
         if result.error is not None:  # what Flower shows of a failed call (written for the model: no secret)
             summary["error"] = result.error
         return summary
+
+    async def _traced(self, call: ToolCall, reply_to: str | None, received_at: float) -> ToolResult:
+        context = {"traceparent": call.traceparent, "tracestate": call.tracestate}
+        upstream = self.runtime.upstream_of(call.tool)
+        tool = call.tool if upstream is not None else metrics.UNRESOLVED_TOOL  # the model's text is no name
+        with tracing.serving(tool, call.call_id, context, call.enqueued_at, received_at) as span:
+            result = await run_call(call, self.runtime, received_at)
+            error_type = None if result.error is None else str(result.error.get("type"))
+            tracing.answered(span, upstream, result.exit_code, result.status_code, result.attempts, error_type)
+            with tracing.publishing(tool):
+                await self.publisher.publish_one(result, reply_to)
+        return result
 
     async def switch(self, version: int, toolset: ToolSet) -> None:
         """Serve a newly published definitions version from the next call on."""
@@ -90,6 +105,7 @@ def _parse(message: Any, task_id: str, index: int | None) -> tuple[ToolCall | To
 def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> Service:
     """The service of a worker process, its definitions loaded (and, for the file store, its routes
     published)."""
+    tracing.configure("toolworker")
     policy = EgressPolicy.parse(settings.egress_allow)
     version, toolset = _initial_definitions(settings, bundles)
     client = connect(settings.redis_url)
