@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run dev test test-fast lint bench clean
+.PHONY: install run dev test test-fast lint check-deploy bench clean
 
 install: $(STAMP)
 
@@ -20,11 +20,29 @@ run: install
 dev: run
 
 lint: install
-	$(BIN)/ruff check worker tests
-	$(BIN)/ruff format --check worker tests
+	$(BIN)/ruff check worker tests benchmarks deploy
+	$(BIN)/ruff format --check worker tests benchmarks deploy
 	$(BIN)/mypy
 
-test: install lint
+# The dashboard and alerting rules under deploy/: promtool's checks and unit tests of the alerts, and
+# every metric they name is one the worker or the gateway exports. promtool comes from Debian's
+# prometheus package, unpacked into the venv when it is not on PATH (installing the package would start
+# a Prometheus server).
+PROMTOOL := $(or $(shell command -v promtool),$(VENV)/tools/promtool)
+
+check-deploy: install $(PROMTOOL)
+	$(PROMTOOL) check rules deploy/prometheus/toolworker-alerts.yml
+	$(PROMTOOL) test rules deploy/prometheus/toolworker-alerts.test.yml
+	$(BIN)/python deploy/check.py --promtool $(PROMTOOL)
+
+$(VENV)/tools/promtool:
+	rm -rf $(VENV)/tools/deb && mkdir -p $(VENV)/tools/deb
+	cd $(VENV)/tools/deb && { apt-get download prometheus || { apt-get update -qq && apt-get download prometheus; }; }
+	dpkg-deb -x $(VENV)/tools/deb/prometheus_*.deb $(VENV)/tools/deb/root
+	cp $(VENV)/tools/deb/root/usr/bin/promtool $@
+	rm -rf $(VENV)/tools/deb
+
+test: install lint check-deploy
 	$(BIN)/pytest
 
 test-fast: install

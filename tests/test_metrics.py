@@ -293,3 +293,24 @@ def test_worker_serves_metrics_after_real_calls(metrics_worker: tuple[str, int])
     unresolved = {"tool": metrics.UNRESOLVED_TOOL, "upstream": metrics.NO_UPSTREAM, "exit_code": "64"}
     assert samples[("toolworker_calls_total", frozenset(unresolved.items()))] == 1
     assert samples.get(("toolworker_calls_in_flight", frozenset({**local, "tool": "echo_get"}.items())), 0) == 0
+
+
+@pytest.mark.integration
+def test_the_deploy_check_knows_every_series_a_real_worker_serves(metrics_worker: tuple[str, int]) -> None:
+    """deploy/check.py derives the exported series from the metric definitions: a real worker's /metrics,
+    after calls that set most of them, serves no toolworker series it does not know."""
+    from tests.test_deploy import check
+
+    redis_url, port = metrics_worker
+    with ToolClient(redis_url) as client:
+        results = [client.call(tool, arguments, timeout=60) for tool, arguments in CALLS_FOR_EVERY_METRIC]
+    assert [r.exit_code for r in results] == [0, 22, 0]
+    truncated = frozenset({"upstream": "local", "tool": "huge"}.items())
+    assert _wait_for_sample(port, ("toolworker_truncated_results_total", truncated), 1) >= 1
+    served = {name for name, _ in _scrape(port) if name.startswith("toolworker_")}
+    assert {"toolworker_calls_total", "toolworker_call_duration_seconds_bucket", "toolworker_queue_depth"} <= served
+    assert {"toolworker_truncated_results_total", "toolworker_queue_in_flight"} <= served
+    assert served <= check.exported_series()
+
+
+CALLS_FOR_EVERY_METRIC = [("echo_get", {"item": "d"}), ("status", {"code": 404}), ("huge", {"mb": 2})]

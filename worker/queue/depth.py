@@ -27,11 +27,12 @@ class QueueDepth(Collector):
         self._client = client
         self._queues = tuple(queues)
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families, without reading Redis (prometheus-client calls this when registering)."""
+        return iter(_families())
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        depth = GaugeMetricFamily("toolworker_queue_depth", "Messages waiting in a queue.", labels=["queue"])
-        held = GaugeMetricFamily(
-            "toolworker_queue_in_flight", "Messages taken from a queue and not yet acknowledged.", labels=["queue"]
-        )
+        depth, held = _families()
         try:
             for queue in self._queues:
                 depth.add_metric([queue], self._waiting(queue))
@@ -62,3 +63,11 @@ def _of(key: bytes, queues: Iterable[str] | str) -> bool:
     """Whether an in-flight list (`...:<holder host>:<pid>:<id>:<queue key>`) holds messages of the queue."""
     source = key.decode().split(":", 5)[-1]
     return source.split("\x06\x16", 1)[0] in ((queues,) if isinstance(queues, str) else tuple(queues))
+
+
+def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    depth = GaugeMetricFamily("toolworker_queue_depth", "Messages waiting in a queue.", labels=["queue"])
+    held = GaugeMetricFamily(
+        "toolworker_queue_in_flight", "Messages taken from a queue and not yet acknowledged.", labels=["queue"]
+    )
+    return depth, held
