@@ -59,7 +59,7 @@ Call = Callable[[int], Awaitable[None]]
 def gateway(redis_url: str, definitions: Path) -> Iterator[tuple[str, int]]:
     """`toolworker gateway` on a free loopback port (no tokens); yields its URL and pid once it answers."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "OTEL_"))}
     env |= {
         "TOOLWORKER_REDIS_URL": redis_url,
         "TOOLWORKER_DEFINITIONS": str(definitions),

@@ -127,7 +127,7 @@ def toolworker(
     answers (the pid of the supervisor when P > 1: its tree is metered). `tree`: a checkout to run the
     worker from (another commit, for an A/B)."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "OTEL_"))}
         env |= {
             "TOOLWORKER_REDIS_URL": redis_url,
             "TOOLWORKER_DEFINITIONS": str(definitions(Path(tmp) / "definitions", max_concurrency)),

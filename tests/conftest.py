@@ -25,9 +25,11 @@ SECRET_TOKEN = "s3cr3t-env-token-4242"
 
 @pytest.fixture(autouse=True)
 def clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Strip TOOLWORKER_* and proxy variables so no test depends on the machine's settings."""
+    """Strip TOOLWORKER_*, OTEL_* and proxy variables so no test depends on the machine's settings (nor
+    sends spans to a collector of the machine's)."""
     for name in list(os.environ):
-        if name.startswith("TOOLWORKER_") or name.lower() in {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}:
+        proxy = name.lower() in {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
+        if name.startswith(("TOOLWORKER_", "OTEL_")) or proxy:
             monkeypatch.delenv(name)
     get_settings.cache_clear()
     yield
@@ -73,7 +75,7 @@ class WorkerProcess:
 
 
 def worker_env(redis_url: str, upstream_url: str, dns_address: str, definitions: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "OTEL_"))}
     env.update(
         TOOLWORKER_REDIS_URL=redis_url,
         TOOLWORKER_DEFINITIONS=str(definitions),

@@ -74,7 +74,7 @@ class Gateway:
 
 def gateway_env(redis_url: str, definitions: Path = DEFINITIONS, **extra: str) -> dict[str, str]:
     """The gateway's environment: TOOLWORKER_* only (it needs no upstream's URL or secret)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "TEST_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "TEST_", "OTEL_"))}
     env.update(
         TOOLWORKER_REDIS_URL=redis_url,
         TOOLWORKER_DEFINITIONS=str(definitions),

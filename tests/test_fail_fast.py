@@ -44,7 +44,7 @@ def locked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 def toolworker(url: str, *argv: str) -> tuple[int, str, float]:
     """Run the CLI against `url`; its exit code, standard error and how long it took."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "OTEL_"))}
     env.update(TOOLWORKER_REDIS_URL=url, TOOLWORKER_METRICS_PORT="0", TOOLWORKER_DEFINITIONS=str(Path("definitions")))
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "worker", *argv], env=env, capture_output=True, timeout=60)

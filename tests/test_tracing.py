@@ -99,13 +99,14 @@ class Receiver:
         app.router.add_post("/v1/traces", export)
         return app
 
-    def trace(self, trace_id: str, until: str, timeout_s: float = 20.0) -> list[Span]:
-        """The spans of a trace, once one named `until` has come."""
+    def trace(self, trace_id: str, *until: str, timeout_s: float = 20.0) -> list[Span]:
+        """The spans of a trace, once spans of every name in `until` have come (each process exports its
+        own, in its own time)."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self.lock:
                 spans = [s for s in self.spans if s.trace_id == trace_id]
-            if any(s.name == until for s in spans) or time.monotonic() > deadline:
+            if set(until) <= {s.name for s in spans} or time.monotonic() > deadline:
                 return spans
             time.sleep(0.05)
 
@@ -181,8 +182,7 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
     gateways: list[Gateway] = []
     try:
         gateways.append(start_gateway(gateway_env(redis.url, definitions, **otel), directory / "gateway.log"))
-        quiet_env = {k: v for k, v in gateway_env(redis.url, definitions).items() if not k.startswith("OTEL_")}
-        gateways.append(start_gateway(quiet_env, directory / "quiet-gateway.log"))
+        gateways.append(start_gateway(gateway_env(redis.url, definitions), directory / "quiet-gateway.log"))
         for gateway in gateways:
             wait_listening(gateway, ready=True)
         yield Stack(redis.url, receiver, upstream, *gateways)
@@ -258,7 +258,7 @@ def test_a_trace_runs_from_the_producer_through_the_queue_to_the_upstream(stack:
             "flaky_get", {"key": key, "q": ARGUMENT_SECRET}, headers={"X-User-Token": CALL_HEADER_SECRET}
         )
     assert (result.exit_code, result.status_code, result.attempts) == (0, 200, 2), result.to_dict()
-    spans = stack.receiver.trace(trace_id, until="publish flaky_get")
+    spans = stack.receiver.trace(trace_id, "execute_tool flaky_get")
     check_worker_spans(stack, spans, parent_id, key)
     assert {s.service for s in spans} == {"toolworker"}
     check_nothing_secret(stack)
@@ -281,7 +281,7 @@ def test_a_failed_call_is_an_error_span_and_a_call_without_context_is_a_trace_of
     assert call.attributes["toolworker.exit_code"] == result.exit_code
     assert call.attributes["error.type"] == (result.error or {})["type"]
     assert call.attributes["http.response.status_code"] == 404
-    names = {s.name for s in stack.receiver.trace(call.trace_id, until="publish status")}
+    names = {s.name for s in stack.receiver.trace(call.trace_id, "execute_tool status")}
     assert names == {"execute_tool status", "queue wait", "GET", "publish status"}
 
 
@@ -296,7 +296,7 @@ async def test_mcp_meta_traceparent_joins_the_gateway_and_the_worker(stack: Stac
     ):
         result = await client.call_tool("flaky_get", {"key": key, "q": ARGUMENT_SECRET}, meta=meta)
     assert not result.is_error, result
-    spans = await asyncio.to_thread(stack.receiver.trace, trace_id, "publish flaky_get")
+    spans = await asyncio.to_thread(stack.receiver.trace, trace_id, "execute_tool flaky_get", "tools/call flaky_get")
     named = by_name(spans)
     (server,) = named["tools/call flaky_get"]
     assert (server.service, server.kind, server.parent_id) == ("toolworker-gateway", KIND_SERVER, parent_id)
@@ -325,7 +325,7 @@ async def test_gateway_without_tracing_passes_the_callers_context_on(stack: Stac
                     stack.quiet_gateway.url + "/v1/calls", json=body, headers={"traceparent": traceparent}
                 )
                 assert answer.json()["exitCode"] == 0, answer.text
-        spans = await asyncio.to_thread(stack.receiver.trace, trace_id, "publish flaky_get")
+        spans = await asyncio.to_thread(stack.receiver.trace, trace_id, "execute_tool flaky_get")
         assert {s.service for s in spans} == {"toolworker"}, front
         check_worker_spans(stack, spans, parent_id, key)
 
@@ -337,7 +337,7 @@ def test_the_rest_front_takes_the_traceparent_header(stack: Stack) -> None:
     headers = {**auth(), "traceparent": f"00-{trace_id}-{parent_id}-01"}
     answer = httpx2.post(stack.gateway.url + "/v1/calls", json=body, headers=headers, timeout=30)
     assert answer.json()["exitCode"] == 0, answer.text
-    named = by_name(stack.receiver.trace(trace_id, until="publish flaky_get"))
+    named = by_name(stack.receiver.trace(trace_id, "execute_tool flaky_get", "enqueue flaky_get"))
     (enqueue,) = named["enqueue flaky_get"]
     assert (enqueue.service, enqueue.parent_id) == ("toolworker-gateway", parent_id)
     check_worker_spans(stack, [s for v in named.values() for s in v], enqueue.span_id, key)
