@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import fakeredis
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker.client import AsyncToolClient
 from worker.constants import MAX_CALL_TIMEOUT_S
+from worker.errors import InvalidArguments
+from worker.protocol import parse_call
 
 
 @pytest.fixture
@@ -44,3 +48,34 @@ async def test_a_result_waited_for_in_vain_leaves_nothing_waiting(client: AsyncT
         await client.result(call_id, timeout=0.05)
     assert client._waiting == {}
     await client.aclose()
+
+
+@pytest.mark.parametrize("tenant", ["", "has space", "x" * 65, "a/b"])
+async def test_a_tenant_the_workers_would_refuse_is_refused_at_once(client: AsyncToolClient, tenant: str) -> None:
+    """A tenant name outside the pattern raises before anything is enqueued."""
+    with pytest.raises(ValueError, match="tenant"):
+        await client.acall("anything", {}, tenant=tenant)
+    assert await client._redis.llen("toolcalls") == 0
+    await client.aclose()
+
+
+async def test_the_call_names_its_tenant_and_principal_and_the_default_is_implicit() -> None:
+    """A call for another tenant carries it (and a principal when named); the default tenant is left out."""
+    tool_client = AsyncToolClient("redis://127.0.0.1:9/0", tenant="acme")
+    tool_client._redis = fakeredis.aioredis.FakeRedis()
+    tool_client._reader_redis = fakeredis.aioredis.FakeRedis()
+    await tool_client.submit_many([("a", {})], timeout=5)
+    await tool_client.submit_many([("b", {})], timeout=5, tenant="default", principal="ci-bot")
+    raw = await tool_client._redis.lrange("toolcalls", 0, -1)
+    calls = [json.loads(json.loads(item)["body"])[0][0] for item in raw]
+    by_tool = {call["tool"]: call for call in calls}
+    assert by_tool["a"]["tenant"] == "acme" and "principal" not in by_tool["a"]
+    assert "tenant" not in by_tool["b"] and by_tool["b"]["principal"] == "ci-bot"
+    assert parse_call(by_tool["b"], "t").tenant == "default"
+    await tool_client.aclose()
+
+
+def test_a_raw_message_with_a_malformed_tenant_is_invalid() -> None:
+    """A producer's tenant outside the pattern makes the call invalid (65), never another tenant's."""
+    with pytest.raises(InvalidArguments, match="tenant"):
+        parse_call({"tool": "a", "tenant": "no spaces allowed"}, "t")

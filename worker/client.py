@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
@@ -27,9 +28,11 @@ from worker.connections import connect
 from worker.constants import (
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_QUEUE,
+    DEFAULT_TENANT,
     MAX_CALL_TIMEOUT_S,
     TASK_EXECUTE,
     TASK_EXECUTE_BATCH,
+    TENANT_PATTERN,
 )
 from worker.definitions.shared import read_routes
 from worker.envelope import ToolResult
@@ -49,9 +52,17 @@ CallSpec = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], Mapping
 
 
 class AsyncToolClient:
-    def __init__(self, redis_url: str | None = None, *, queue: str = DEFAULT_QUEUE, max_batch: int = 100) -> None:
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        max_batch: int = 100,
+        tenant: str = DEFAULT_TENANT,
+    ) -> None:
         url = redis_url or get_settings().redis_url
         self._max_batch = max_batch
+        self.tenant = checked_tenant(tenant)
         self._redis = connect(url)
         # XREAD BLOCK holds its connection; the read loop retries by itself, so redis-py must not.
         self._reader_redis = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
@@ -75,15 +86,16 @@ class AsyncToolClient:
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        tenant: str | None = None,
     ) -> ToolResult:
-        call_ids = await self.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout)
+        call_ids = await self.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout, tenant=tenant)
         return (await self._collect(call_ids, [tool], timeout))[0]
 
     async def acall_many(
-        self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S
+        self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S, tenant: str | None = None
     ) -> list[ToolResult]:
         """Run many calls as one message; results come back in order."""
-        call_ids = await self.submit_many(calls, timeout=timeout)
+        call_ids = await self.submit_many(calls, timeout=timeout, tenant=tenant)
         return await self._collect(call_ids, [spec[0] for spec in calls], timeout)
 
     async def submit_many(
@@ -93,20 +105,28 @@ class AsyncToolClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         call_ids: Sequence[str] | None = None,
         trace: Mapping[str, str] | None = None,
+        tenant: str | None = None,
+        principal: str | None = None,
     ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
-        calls carry the active span's trace context (OpenTelemetry), else `trace` when given."""
+        calls carry the active span's trace context (OpenTelemetry), else `trace` when given; they are
+        for `tenant` (the client's own when None), made by `principal` when one is named (the gateway)."""
         if not 0 < timeout <= MAX_CALL_TIMEOUT_S:  # the workers would refuse the call (65)
             raise ValueError(f"timeout must be more than 0 and at most {MAX_CALL_TIMEOUT_S:g} seconds, got {timeout!r}")
+        tenant = self.tenant if tenant is None else checked_tenant(tenant)
         self._ensure_reader()
         now = datetime.now(UTC)
-        common = {
+        common: dict[str, Any] = {
             "timeoutSeconds": timeout,
             "deadline": (now + timedelta(seconds=timeout)).isoformat(),
             "enqueuedAt": now.isoformat(),
             "replyTo": self.reply_stream,
             **(tracing.current_context() or trace or {}),
         }
+        if tenant != DEFAULT_TENANT:
+            common["tenant"] = tenant
+        if principal is not None:
+            common["principal"] = principal
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
         messages = [_message(spec, call_id, common) for spec, call_id in zip(calls, ids, strict=True)]
         loop = asyncio.get_running_loop()
@@ -261,6 +281,13 @@ class AsyncToolClient:
             delay = min(delay * 2, 0.5)
 
 
+def checked_tenant(tenant: str) -> str:
+    """A tenant name as the workers accept it (else they would refuse the call with 65)."""
+    if not re.fullmatch(TENANT_PATTERN, tenant):
+        raise ValueError(f"tenant must match {TENANT_PATTERN}, got {tenant!r}")
+    return tenant
+
+
 def _message(spec: CallSpec, call_id: str, common: Mapping[str, Any]) -> dict[str, Any]:
     tool, arguments = spec[0], spec[1]
     headers: Mapping[str, str] = spec[2] if len(spec) > 2 else {}
@@ -307,9 +334,12 @@ class CallHandle:
 class ToolClient:
     """The synchronous client: the asyncio client on a background loop."""
 
-    def __init__(self, redis_url: str | None = None, *, queue: str = DEFAULT_QUEUE) -> None:
+    def __init__(
+        self, redis_url: str | None = None, *, queue: str = DEFAULT_QUEUE, tenant: str = DEFAULT_TENANT
+    ) -> None:
+        checked_tenant(tenant)
         self._loop = LoopThread("toolclient-loop")
-        self._async = self._run(_make_async(redis_url, queue), 30)
+        self._async = self._run(_make_async(redis_url, queue, tenant), 30)
 
     def call(
         self,
@@ -318,8 +348,9 @@ class ToolClient:
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        tenant: str | None = None,
     ) -> ToolResult:
-        return self._run(self._async.acall(tool, arguments, headers=headers, timeout=timeout), timeout)
+        return self._run(self._async.acall(tool, arguments, headers=headers, timeout=timeout, tenant=tenant), timeout)
 
     def submit(
         self,
@@ -328,17 +359,20 @@ class ToolClient:
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        tenant: str | None = None,
     ) -> CallHandle:
         # Returns at once, so that calls submitted in a row leave together in batch messages.
         call_id = str(uuid.uuid4())
         spec = (tool, arguments or {}, headers or {})
         sent = asyncio.run_coroutine_threadsafe(
-            self._async.submit_many([spec], timeout=timeout, call_ids=[call_id]), self._loop.loop
+            self._async.submit_many([spec], timeout=timeout, call_ids=[call_id], tenant=tenant), self._loop.loop
         )
         return CallHandle(self, call_id, sent)
 
-    def call_many(self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> list[ToolResult]:
-        return self._run(self._async.acall_many(list(calls), timeout=timeout), timeout)
+    def call_many(
+        self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S, tenant: str | None = None
+    ) -> list[ToolResult]:
+        return self._run(self._async.acall_many(list(calls), timeout=timeout, tenant=tenant), timeout)
 
     def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.tools(tags), DEFAULT_CALL_TIMEOUT_S)
@@ -362,5 +396,5 @@ class ToolClient:
         return self._loop.run(coro, timeout + 30)
 
 
-async def _make_async(redis_url: str | None, queue: str) -> AsyncToolClient:
-    return AsyncToolClient(redis_url, queue=queue)
+async def _make_async(redis_url: str | None, queue: str, tenant: str) -> AsyncToolClient:
+    return AsyncToolClient(redis_url, queue=queue, tenant=tenant)

@@ -3,6 +3,10 @@
 TASK_EXECUTE = "toolcall.execute"
 TASK_EXECUTE_BATCH = "toolcall.execute_batch"
 DEFAULT_QUEUE = "toolcalls"
+# Who a call is for: fair share and limits are per tenant (README, "Tenants"). A call that names none,
+# stock Celery producers and raw LPUSHes included, belongs to the default tenant.
+DEFAULT_TENANT = "default"
+TENANT_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 
 # Celery's Redis result backend stores results under this prefix and publishes on the same channel. The
 # result keys, done markers (worker/queue/publisher.py) and dead letters (worker/queue/dead_letter.py)

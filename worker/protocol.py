@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
-from worker.constants import MAX_CALL_TIMEOUT_S, REDACTED, TASK_EXECUTE
+from worker.constants import DEFAULT_TENANT, MAX_CALL_TIMEOUT_S, REDACTED, TASK_EXECUTE, TENANT_PATTERN
 from worker.errors import InvalidArguments
 from worker.tracing import MAX_TRACEPARENT_CHARS, MAX_TRACESTATE_CHARS
 
@@ -40,6 +40,10 @@ class ToolCall(BaseModel):
     traceparent: str | None = Field(None, max_length=MAX_TRACEPARENT_CHARS)
     tracestate: str | None = Field(None, max_length=MAX_TRACESTATE_CHARS)
     enqueued_at: datetime | None = Field(None, alias="enqueuedAt")
+    # Who the call is for (fair share, limits) and, for calls taken by the gateway, who made it: a
+    # principal's name, never its credential.
+    tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN)
+    principal: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("traceparent", "tracestate", "enqueued_at", mode="wrap")
     @classmethod
