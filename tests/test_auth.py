@@ -24,6 +24,7 @@ from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
 from worker.definitions.store import unset_settings
 from worker.dev.embedded import free_port
 from worker.http.oauth import Token, TokenRequest, fetch_token
+from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall
 
 ENVIRON = {"API_TOKEN": "tok-1234567", "API_USER": "ada", "API_PASSWORD": "pw-98765", "API_KEY": "key-abcdef"}
@@ -38,7 +39,11 @@ def upstream(auth: dict[str, Any], **extra: Any) -> Upstream:
 async def authorized(up: Upstream, headers: dict[str, str] | None = None, tokens: TokenCache | None = None) -> Any:
     call = ToolCall.model_validate({"callId": "c1", "tool": "get_item", "headers": headers or {}})
     request = render(TOOL, up, {}, call.headers, ENVIRON)
-    authed, _ = await authorize(request, up, call, ENVIRON, tokens or TokenCache(None), time.time() + 10)
+    transport = HttpTransport()
+    try:
+        authed, _ = await authorize(request, up, call, ENVIRON, tokens or TokenCache(None), time.time() + 10, transport)
+    finally:
+        await transport.close()
     return authed
 
 
@@ -152,11 +157,45 @@ async def test_a_token_is_refreshed_ahead_of_its_expiry() -> None:
     assert await cache.token("k", fetch, time.time() + 5) == "token-2" and fetch.count == 2
 
 
+async def fetched(request: TokenRequest) -> Token:
+    """One token request through a transport of its own."""
+    transport = HttpTransport()
+    try:
+        return await fetch_token(transport, request)
+    finally:
+        await transport.close()
+
+
+def test_a_token_endpoint_that_redirects_is_refused_and_the_secret_goes_nowhere_else() -> None:
+    """A redirect from the token endpoint is a configuration error (78); the client secret is never sent
+    to the redirect's target, not even on the same host."""
+    seen: list[bytes] = []
+
+    async def token(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect("/elsewhere")  # 307: a client following it would send the form again
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        return web.json_response({"access_token": "t", "expires_in": 60})
+
+    app = web.Application()
+    app.router.add_post("/token", token)
+    app.router.add_post("/elsewhere", elsewhere)
+    server = ServerThread(app).start()
+    try:
+        form = {"grant_type": "client_credentials", "client_secret": "s3cr3t-x"}
+        with pytest.raises(errors.ToolMisconfigured, match="redirect") as raised:
+            asyncio.run(fetched(TokenRequest(server.url + "/token", form, None, 5, True)))
+    finally:
+        server.stop()
+    assert seen == [] and "s3cr3t-x" not in raised.value.message
+
+
 async def test_the_token_endpoint_down_is_unavailable_69() -> None:
     """Nothing listening at the token URL is exit 69, with no secret in the message."""
     request = TokenRequest(f"http://127.0.0.1:{free_port()}/token", {"client_secret": "s3cr3t-x"}, None, 2, True)
     with pytest.raises(errors.UpstreamUnavailable) as raised:
-        await fetch_token(request)
+        await fetched(request)
     assert "s3cr3t-x" not in raised.value.message
 
 
@@ -172,7 +211,7 @@ def test_token_endpoint_refusals(status: int, error: type[errors.ToolError]) -> 
     server = ServerThread(app).start()
     try:
         with pytest.raises(error):
-            asyncio.run(fetch_token(TokenRequest(server.url + "/token", {}, ("id", "secret"), 5, True)))
+            asyncio.run(fetched(TokenRequest(server.url + "/token", {}, ("id", "secret"), 5, True)))
     finally:
         server.stop()
 

@@ -29,10 +29,11 @@ from aiohttp import web
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer, ServerThread
-from worker.client import AsyncToolClient, ToolClient, task_messages
+from worker.client import AsyncToolClient, ToolClient
 from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
 from worker.envelope import ToolResult
+from worker.protocol import task_messages
 from worker.queue.leases import HOLDERS_KEY, INFLIGHT_PREFIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

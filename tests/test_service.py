@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from worker.constants import TASK_EXECUTE
+from worker.heap import GC_THRESHOLDS, settle_heap
 from worker.queue import bridge
-from worker.queue.heap import GC_THRESHOLDS, settle_heap
 
 
 def test_settle_heap_takes_the_start_up_heap_out_of_collections() -> None:

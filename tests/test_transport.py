@@ -16,11 +16,17 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from worker import errors
-from worker.definitions.model import Upstream
-from worker.definitions.templates import Template
+from worker.constants import DEFAULT_MAX_CONCURRENCY
 from worker.http import transport as transport_module
 from worker.http.egress import EgressPolicy
-from worker.http.transport import EGRESS_POOL_CONNECTIONS, HttpTransport, Limits, PreparedRequest, Response
+from worker.http.transport import (
+    EGRESS_POOL_CONNECTIONS,
+    HttpTransport,
+    Limits,
+    PoolSpec,
+    PreparedRequest,
+    Response,
+)
 
 LIMITS = Limits(max_bytes=1024 * 1024, connect_timeout_s=5)
 SECRET_HEADERS = {"Authorization": "Bearer sekrit-1", "X-Api-Key": "sekrit-2"}
@@ -31,8 +37,7 @@ def allow(target: URL) -> None:
     """A redirect check that lets every hop through."""
 
 
-def upstream_for(url: str, name: str = "local") -> Upstream:
-    return Upstream(name=name, base_url=Template.literal(url), connect_timeout_s=5)
+POOL = PoolSpec(name="local", verify_tls=True, max_connections=DEFAULT_MAX_CONCURRENCY, timeout_s=10.0)
 
 
 def request(method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None) -> PreparedRequest:
@@ -186,7 +191,7 @@ async def send(
     limits: Limits = LIMITS,
     check: Callable[[URL], None] = allow,
 ) -> Response:
-    return await transport.send(req, upstream_for(req.url), limits, check, URL(req.url, encoded=True).origin())
+    return await transport.send(req, POOL, limits, check, URL(req.url, encoded=True).origin())
 
 
 # --- redirects ---------------------------------------------------------------------------------
@@ -417,12 +422,12 @@ async def test_close_then_send_opens_a_new_session(transport: HttpTransport, sit
 
 
 async def test_changed_pool_settings_get_a_pool_of_their_own(transport: HttpTransport, site: Site) -> None:
-    """A new definitions set that changes an upstream's max_concurrency or verify_tls gets a new pool; the
-    old one is closed once retired."""
-    first = dataclasses.replace(upstream_for(site.url("")), max_concurrency=5, timeout_s=0.05)
+    """A new definitions set that changes an upstream's max_concurrency (its pool's connections) or
+    verify_tls gets a new pool; the old one is closed once retired."""
+    first = dataclasses.replace(POOL, max_connections=5, timeout_s=0.05)
     old = transport.session(first, checked=False)
     assert old.connector is not None and old.connector.limit == 5
-    second = dataclasses.replace(first, max_concurrency=7)
+    second = dataclasses.replace(first, max_connections=7)
     new = transport.session(second, checked=False)
     assert new is not old and new.connector is not None and new.connector.limit == 7
     transport.retire([second])
@@ -433,6 +438,6 @@ async def test_changed_pool_settings_get_a_pool_of_their_own(transport: HttpTran
 
 async def test_the_egress_pool_is_not_sized_by_its_first_user(transport: HttpTransport, site: Site) -> None:
     """The egress-checked pool serves many upstreams: its size is its own, whoever opens it first."""
-    narrow = dataclasses.replace(upstream_for(site.url("")), max_concurrency=1)
+    narrow = dataclasses.replace(POOL, max_connections=1)
     checked = transport.session(narrow, checked=True)
     assert checked.connector is not None and checked.connector.limit == EGRESS_POOL_CONNECTIONS

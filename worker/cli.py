@@ -235,14 +235,14 @@ def _progress(text: str) -> None:
 
 def _load_toolset(paths: list[Path]) -> Any:
     """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
-    from worker.call.run import served_toolset
     from worker.definitions import store
+    from worker.definitions.builtin import served_toolset
     from worker.http.egress import EgressPolicy
 
     if paths:
         return store.load(paths)
     settings = get_settings()
-    return served_toolset(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow))
+    return served_toolset(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow).enabled)
 
 
 def _tools(args: argparse.Namespace) -> int:

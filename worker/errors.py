@@ -20,8 +20,9 @@
         ├── ReceiveFailed        56
         └── ResponseTooLarge     63
 
-aiohttp's exceptions are translated into this tree in `transport.py` only; the tree is turned into
-an envelope in `execution.py` only. A non-2xx answer (exit 22) is a response, not an exception.
+aiohttp's exceptions are translated into this tree in `http/transport.py` only; the tree is turned into
+an envelope by `call/shaping.py` (`ToolResult.failure` for a call refused before it ran) only. A non-2xx
+answer (exit 22) is a response, not an exception.
 """
 
 from __future__ import annotations

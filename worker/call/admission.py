@@ -72,11 +72,26 @@ class Turn:
     of them per worker process. The others wait unprepared, in order of arrival; a burst of thousands
     would otherwise render and start every request in one go, and hold the loop for a second or more
     while the upstream's answers waited to be read. A call gives its turn back while it sleeps between
-    attempts."""
+    attempts (`pause`).
+
+    Used as `async with turn:` around everything the call does at its upstream."""
 
     def __init__(self, turns: asyncio.Semaphore, upstream: Upstream, deadline: float) -> None:
         self._turns, self._upstream, self._deadline = turns, upstream, deadline
         self._held = self._sent = False  # _sent: an earlier attempt had its turn
+
+    async def __aenter__(self) -> Turn:
+        await self.take()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.give_back()
+
+    async def pause(self, sleep_s: float) -> None:
+        """Sleep without the turn (another call may use it meanwhile), then take it again."""
+        self.give_back()
+        await asyncio.sleep(max(0.0, sleep_s))
+        await self.take()
 
     async def take(self) -> None:
         if self._held:

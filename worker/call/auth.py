@@ -28,7 +28,7 @@ from worker import errors
 from worker.call.rendering import render_secret
 from worker.definitions.model import Auth, Upstream
 from worker.http.oauth import Token, TokenRequest, fetch_token
-from worker.http.transport import PreparedRequest
+from worker.http.transport import HttpTransport, PreparedRequest
 from worker.protocol import ToolCall
 
 TOKEN_KEY_PREFIX = "toolworker:oauth:"
@@ -123,6 +123,7 @@ async def authorize(
     environ: Mapping[str, str],
     tokens: TokenCache,
     deadline: float,
+    transport: HttpTransport,
     stale: str | None = None,
 ) -> tuple[PreparedRequest, str | None]:
     """The request with the upstream's credential on it, and the OAuth2 token used (for a 401's retry)."""
@@ -135,7 +136,7 @@ async def authorize(
         return _credential(request, auth, user), None
     if auth.type == "oauth2_client_credentials":
         token = await tokens.token(
-            _token_key(auth, upstream, env), _fetcher(auth, upstream, env, deadline), deadline, stale
+            _token_key(auth, upstream, env), _fetcher(auth, upstream, env, deadline, transport), deadline, stale
         )
         return _with_header(request, "Authorization", f"Bearer {token}", token), token
     return _credential(request, auth, _static(auth, env)), None
@@ -193,7 +194,7 @@ def _token_key(auth: Auth, upstream: Upstream, environ: Mapping[str, str]) -> st
 
 
 def _fetcher(
-    auth: Auth, upstream: Upstream, environ: Mapping[str, str], deadline: float
+    auth: Auth, upstream: Upstream, environ: Mapping[str, str], deadline: float, transport: HttpTransport
 ) -> Callable[[], Awaitable[Token]]:
     assert auth.token_url is not None and auth.client_id is not None and auth.client_secret is not None
     client_id, client_secret = render_secret(auth.client_id, environ), render_secret(auth.client_secret, environ)
@@ -210,6 +211,6 @@ def _fetcher(
         timeout_s = min(upstream.timeout_s, deadline - time.time())
         if timeout_s <= 0:
             raise errors.TimedOut("The call ran out of time before the upstream's access token came.")
-        return await fetch_token(TokenRequest(url, form, basic, timeout_s, upstream.verify_tls))
+        return await fetch_token(transport, TokenRequest(url, form, basic, timeout_s, upstream.verify_tls))
 
     return fetch

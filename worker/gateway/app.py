@@ -34,7 +34,7 @@ from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.rest import Rest, error
 from worker.gateway.security import BODY_SCOPE_KEY, Guard, is_loopback, origins
 from worker.gateway.toolserver import ToolServer
-from worker.queue.heap import settle_heap
+from worker.heap import settle_heap
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway")

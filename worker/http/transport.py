@@ -1,7 +1,8 @@
 """The only module that speaks HTTP: pooled aiohttp sessions, redirects, capped reads, error mapping.
 
-Its input is a `PreparedRequest` (rendered without I/O by worker/call/), its output a `Response`;
-aiohttp's exceptions leave it translated into the tree of worker/errors.py (`translate`).
+Its input is a `PreparedRequest` (rendered without I/O by worker/call/) and the `PoolSpec` of the pool to
+send it on, its output a `Response`; aiohttp's exceptions leave it translated into the tree of
+worker/errors.py (`translate`). It knows nothing of tool definitions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from yarl import URL
 
 from worker import errors
 from worker.constants import DEFAULT_MAX_CONCURRENCY, MAX_REDIRECTS, REDACTED
-from worker.definitions.model import Upstream
 from worker.http.egress import EgressPolicy, egress_error, make_connector
 from worker.redaction import is_secret_header, redact
 
@@ -70,6 +70,17 @@ class Response:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What a pool of connections to one upstream is built with."""
+
+    name: str
+    verify_tls: bool
+    max_connections: int
+    # The longest one request on it may run (a retired pool stays open this long for its last calls).
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     max_bytes: int
     connect_timeout_s: float
@@ -95,28 +106,28 @@ class HttpTransport:
         self._dns_servers = dns_servers or []
         self._background: set[asyncio.Task[None]] = set()
 
-    def session(self, upstream: Upstream, checked: bool) -> aiohttp.ClientSession:
-        key = _pool_key(upstream, checked)
+    def session(self, spec: PoolSpec, checked: bool) -> aiohttp.ClientSession:
+        key = _pool_key(spec, checked)
         pool = self._pools.get(key)
         if pool is None or pool.session.closed:
-            limit = EGRESS_POOL_CONNECTIONS if checked else upstream.max_concurrency
-            pool = self._pools[key] = _Pool(self._new_session(upstream, checked, limit), upstream.timeout_s)
+            limit = EGRESS_POOL_CONNECTIONS if checked else spec.max_connections
+            pool = self._pools[key] = _Pool(self._new_session(spec, checked, limit), spec.timeout_s)
         else:
-            pool.linger_s = max(pool.linger_s, upstream.timeout_s)
+            pool.linger_s = max(pool.linger_s, spec.timeout_s)
         return pool.session
 
-    def retire(self, upstreams: Iterable[Upstream]) -> None:
-        """Close, once their calls are over, the pools that none of these upstreams uses any more."""
-        keep = {key for upstream in upstreams for key in (_pool_key(upstream, False), _pool_key(upstream, True))}
+    def retire(self, specs: Iterable[PoolSpec]) -> None:
+        """Close, once their calls are over, the pools that none of these specs uses any more."""
+        keep = {key for spec in specs for key in (_pool_key(spec, False), _pool_key(spec, True))}
         for key in [key for key in self._pools if key not in keep]:
             pool = self._pools.pop(key)
             self._in_background(_close_later(pool.session, pool.linger_s + _DRAIN_MAX_S + _RETIRE_GRACE_S))
 
-    def _new_session(self, upstream: Upstream, checked: bool, limit: int) -> aiohttp.ClientSession:
+    def _new_session(self, spec: PoolSpec, checked: bool, limit: int) -> aiohttp.ClientSession:
         options: dict[str, Any] = {
             "limit": limit,
             "limit_per_host": 0,
-            "ssl": upstream.verify_tls,
+            "ssl": spec.verify_tls,
             "ttl_dns_cache": 60,
             "resolver": AsyncResolver(nameservers=self._dns_servers) if self._dns_servers else None,
         }
@@ -135,7 +146,7 @@ class HttpTransport:
     async def send(
         self,
         request: PreparedRequest,
-        upstream: Upstream,
+        spec: PoolSpec,
         limits: Limits,
         check_redirect: RedirectCheck,
         trusted_origin: URL | None,
@@ -146,7 +157,7 @@ class HttpTransport:
         egress-checked pool."""
         method, url, headers, body = request.method, URL(request.url, encoded=True), list(request.headers), request.body
         for _ in range(MAX_REDIRECTS + 1):
-            session = self.session(upstream, checked=url.origin() != trusted_origin)
+            session = self.session(spec, checked=url.origin() != trusted_origin)
             response, location, resp = await _send_once(session, method, url, headers, body, limits)
             if location is None:
                 self._release(resp)
@@ -196,7 +207,7 @@ async def _send_once(
     body: bytes | None,
     limits: Limits,
 ) -> tuple[Response, str | None, aiohttp.ClientResponse]:
-    """One request; returns the response still holding its connection (see `Transport._release`)."""
+    """One request; returns the response still holding its connection (see `HttpTransport._release`)."""
     # sock_connect, not connect: waiting for a free pooled connection (max_concurrency) is not a connect
     # failure; the caller's per-attempt budget bounds that wait.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout_s)
@@ -272,11 +283,11 @@ async def _drain_or_close(resp: aiohttp.ClientResponse) -> None:
             resp.close()
 
 
-def _pool_key(upstream: Upstream, checked: bool) -> tuple[object, ...]:
+def _pool_key(spec: PoolSpec, checked: bool) -> tuple[object, ...]:
     # The checked pool is shared by every caller with the same TLS setting.
     if checked:
-        return ("(egress-checked)", upstream.verify_tls)
-    return (upstream.name, upstream.verify_tls, upstream.max_concurrency)
+        return ("(egress-checked)", spec.verify_tls)
+    return (spec.name, spec.verify_tls, spec.max_connections)
 
 
 async def _close_later(session: aiohttp.ClientSession, delay_s: float) -> None:

@@ -12,7 +12,7 @@ from redis.exceptions import NoScriptError
 
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
-from worker.protocol import envelope_from_meta, result_meta
+from worker.protocol import result_meta
 
 # KEYS: done marker, result key, reply stream (optional). ARGV: meta, ttl, envelope, stream maxlen.
 # SET NX on the marker makes a redelivered call's second publication a no-op.
@@ -91,9 +91,3 @@ class Publisher:
                 pipe.evalsha(_PUBLISH_SHA, *call)
             outcomes: list[Any] = await pipe.execute()
         return outcomes
-
-
-async def stored_envelope(client: aioredis.Redis, call_id: str) -> dict[str, Any] | None:
-    """The envelope published for a call, None while there is none (read by clients; kept for the TTL)."""
-    raw = await client.get(RESULT_KEY_PREFIX + call_id)
-    return None if raw is None else envelope_from_meta(raw)

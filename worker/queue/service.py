@@ -15,10 +15,11 @@ import redis
 import structlog
 
 from worker import errors, metrics, tracing
-from worker.call.run import run_call, served_toolset
+from worker.call.run import run_call
 from worker.call.runtime import Runtime
 from worker.connections import connect
 from worker.definitions import shared, store
+from worker.definitions.builtin import served_toolset
 from worker.definitions.model import ToolSet
 from worker.envelope import ToolResult
 from worker.http.egress import EgressPolicy
@@ -78,7 +79,7 @@ class Service:
 
     async def switch(self, version: int, toolset: ToolSet) -> None:
         """Serve a newly published definitions version from the next call on."""
-        self.runtime.swap(served_toolset(_loaded(toolset, f"redis v{version}"), self.runtime.policy))
+        self.runtime.swap(served_toolset(_loaded(toolset, f"redis v{version}"), self.runtime.policy.enabled))
         self.definitions_version = version
 
     async def close(self) -> None:
@@ -110,7 +111,7 @@ def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> 
     version, toolset = _initial_definitions(settings, bundles)
     client = connect(settings.redis_url)
     runtime = Runtime(
-        toolset=served_toolset(toolset, policy),
+        toolset=served_toolset(toolset, policy.enabled),
         environ=dict(os.environ),
         transport=HttpTransport(policy, settings.dns_server_list),
         policy=policy,
