@@ -18,10 +18,10 @@ from tests.servers import ServerThread
 from worker import errors
 from worker.call.auth import TokenCache, authorize
 from worker.call.rendering import render
+from worker.definitions.file_store import unset_settings
 from worker.definitions.model import RequestTemplate, Source, Tool, ToolSet, Upstream
 from worker.definitions.readers.openapi import import_openapi
 from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
-from worker.definitions.store import unset_settings
 from worker.dev.embedded import free_port
 from worker.http.oauth import Token, TokenRequest, fetch_token
 from worker.protocol import ToolCall

@@ -31,7 +31,7 @@ from worker.constants import (
     TASK_EXECUTE,
     TASK_EXECUTE_BATCH,
 )
-from worker.definitions.shared import read_routes
+from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
 from worker.loop import LoopThread
 from worker.protocol import task_message

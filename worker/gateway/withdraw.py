@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE, TASK_EXECUTE_BATCH
-from worker.definitions.shared import read_routes
+from worker.definitions.redis_store import read_routes
 from worker.protocol import redacted_repr
 
 # The waiting messages looked through, newest first (a call further back is about to be taken anyway).

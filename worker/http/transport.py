@@ -196,7 +196,7 @@ async def _send_once(
     body: bytes | None,
     limits: Limits,
 ) -> tuple[Response, str | None, aiohttp.ClientResponse]:
-    """One request; returns the response still holding its connection (see `Transport._release`)."""
+    """One request; returns the response still holding its connection (see `HttpTransport._release`)."""
     # sock_connect, not connect: waiting for a free pooled connection (max_concurrency) is not a connect
     # failure; the caller's per-attempt budget bounds that wait.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout_s)
