@@ -18,10 +18,10 @@ from tests.servers import ServerThread
 from worker import errors
 from worker.call.auth import TokenCache, authorize
 from worker.call.rendering import render
+from worker.definitions.file_store import unset_settings
 from worker.definitions.model import RequestTemplate, Source, Tool, ToolSet, Upstream
 from worker.definitions.readers.openapi import import_openapi
 from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
-from worker.definitions.store import unset_settings
 from worker.dev.embedded import free_port
 from worker.http.oauth import Token, TokenRequest, fetch_token
 from worker.http.transport import HttpTransport
@@ -148,13 +148,42 @@ async def test_a_refused_token_is_replaced_once_for_everyone() -> None:
     assert renewed == ["token-2", "token-2"] and fetch.count == 2
 
 
+class Clock:
+    """Wall-clock time that moves only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def test_a_token_is_refreshed_ahead_of_its_expiry() -> None:
-    """Past four fifths of its lifetime a token is replaced, once, before it expires."""
-    cache, fetch = TokenCache(fakeredis.aioredis.FakeRedis()), Fetches(0.5)
-    assert await cache.token("k", fetch, time.time() + 5) == "token-1"
-    await asyncio.sleep(0.42)  # refresh time passed, not the expiry
-    assert await cache.token("k", fetch, time.time() + 5) == "token-2"
-    assert await cache.token("k", fetch, time.time() + 5) == "token-2" and fetch.count == 2
+    """Past four fifths of its lifetime a token is replaced, once, before it expires; not a moment before."""
+    clock, fetch = Clock(), Fetches(60)
+    cache = TokenCache(fakeredis.aioredis.FakeRedis(), clock)
+    assert await cache.token("k", fetch, clock.now + 5) == "token-1"
+    clock.now += 47.9  # short of the refresh point (48 s of 60)
+    assert await cache.token("k", fetch, clock.now + 5) == "token-1"
+    clock.now += 0.2  # past it, well before the expiry
+    assert await cache.token("k", fetch, clock.now + 5) == "token-2"
+    assert await cache.token("k", fetch, clock.now + 5) == "token-2" and fetch.count == 2
+
+
+@pytest.mark.timeout(10)
+async def test_a_worker_waits_for_another_ones_fetch_until_its_deadline() -> None:
+    """While another worker holds the fetch and no usable token exists, a call waits until its deadline on
+    the cache's clock (an hour ahead of the machine's here), then times out."""
+    shared, clock = fakeredis.aioredis.FakeRedis(), Clock()
+    clock.now += 3600
+    await shared.set("k:lock", "1")  # another worker is fetching
+    cache = TokenCache(shared, clock)
+
+    async def never() -> Token:
+        raise AssertionError("the lock holder fetches, not this worker")
+
+    with pytest.raises(errors.TimedOut, match="access token"):
+        await cache.token("k", never, clock.now - 1)
 
 
 async def fetched(request: TokenRequest) -> Token:

@@ -25,9 +25,9 @@ from worker.call.job import Answer, Job
 from worker.call.run import run_call
 from worker.call.runtime import TURNS_PER_CONNECTION, Runtime
 from worker.constants import MAX_ARGUMENTS_BYTES, REDACTED
+from worker.definitions.file_store import load
 from worker.definitions.model import ToolSet
 from worker.definitions.model import Upstream as UpstreamDef
-from worker.definitions.store import load
 from worker.definitions.templates import Template
 from worker.envelope import ToolResult
 from worker.http.transport import Limits, PoolSpec, PreparedRequest, RedirectCheck, Response

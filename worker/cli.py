@@ -235,7 +235,7 @@ def _progress(text: str) -> None:
 
 def _load_toolset(paths: list[Path]) -> Any:
     """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
-    from worker.definitions import store
+    from worker.definitions import file_store as store
     from worker.definitions.builtin import served_toolset
     from worker.http.egress import EgressPolicy
 
@@ -318,7 +318,8 @@ def _health(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import redis
 
-    from worker.definitions import shared, store
+    from worker.definitions import file_store as store
+    from worker.definitions import redis_store as shared
 
     settings = get_settings()
     paths = args.paths or [settings.definitions]
@@ -365,7 +366,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from worker.definitions.store import unset_settings
+    from worker.definitions.file_store import unset_settings
 
     toolset = _load_toolset(args.paths)
     for problem in toolset.problems:

@@ -33,7 +33,7 @@ from worker.constants import (
     RESULT_KEY_PREFIX,
     TENANT_PATTERN,
 )
-from worker.definitions.shared import read_routes
+from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_messages

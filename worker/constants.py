@@ -17,7 +17,7 @@ DONE_KEY_PREFIX = "toolcall:done:"
 DEAD_LETTER_KEY = "toolcall:dead-letter"
 DEAD_LETTER_MAX = 10_000
 # Tool name -> Celery queue, for tools whose upstream has a queue of its own (bulkheads); written and
-# read by worker/definitions/shared.py only.
+# read by worker/definitions/redis_store.py only.
 ROUTES_KEY = "toolworker:routes"
 # Written and read by worker/call/ratelimit.py only.
 RATE_LIMIT_KEY_PREFIX = "toolworker:ratelimit:"
@@ -52,7 +52,7 @@ TOOL_ALIASES = {"HttpRequestTool": HTTP_REQUEST_TOOL}
 # The content the workers accept on the queue (Celery's accept_content).
 ACCEPT_CONTENT = ("json",)
 
-# The shared definitions store: versioned bundles of definitions files (worker/definitions/shared.py).
+# The shared definitions store: versioned bundles of definitions files (worker/definitions/redis_store.py).
 DEFINITIONS_VERSION_KEY = "toolworker:definitions:version"
 DEFINITIONS_CURRENT_KEY = "toolworker:definitions:current"
 DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"

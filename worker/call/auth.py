@@ -25,6 +25,7 @@ from urllib.parse import quote, urlencode
 import redis.asyncio as aioredis
 
 from worker import errors
+from worker.call.circuit import Clock
 from worker.call.rendering import render_secret
 from worker.definitions.model import Auth, Upstream
 from worker.http.oauth import Token, TokenRequest, fetch_token
@@ -44,18 +45,23 @@ class CachedToken:
     expires_at: float
     refresh_at: float
 
-    def fresh(self, stale: str | None) -> bool:
-        return self.value != stale and time.time() < self.refresh_at
+    def fresh(self, stale: str | None, now: float) -> bool:
+        return self.value != stale and now < self.refresh_at
 
-    def usable(self, stale: str | None) -> bool:
-        return self.value != stale and time.time() < self.expires_at
+    def usable(self, stale: str | None, now: float) -> bool:
+        return self.value != stale and now < self.expires_at
 
 
 class TokenCache:
-    """The tokens of one worker process: remembered locally, shared with the fleet through Redis."""
+    """The tokens of one worker process: remembered locally, shared with the fleet through Redis.
 
-    def __init__(self, redis: aioredis.Redis | None) -> None:
+    `clock` tells wall-clock time (epoch seconds), not monotonic time: expiries and call deadlines are
+    shared with other processes.
+    """
+
+    def __init__(self, redis: aioredis.Redis | None, clock: Clock = time.time) -> None:
         self._redis = redis
+        self._clock = clock
         self._memo: dict[str, CachedToken] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -64,11 +70,11 @@ class TokenCache:
     ) -> str:
         """A token for `key` that is not `stale` (the one an upstream just refused)."""
         memo = self._memo.get(key)
-        if memo is not None and memo.fresh(stale):
+        if memo is not None and memo.fresh(stale, self._clock()):
             return memo.value
         async with self._locks.setdefault(key, asyncio.Lock()):  # one fetch per process at a time
             memo = self._memo.get(key)
-            if memo is None or not memo.fresh(stale):
+            if memo is None or not memo.fresh(stale, self._clock()):
                 memo = self._memo[key] = await self._shared(key, fetch, deadline, stale)
         return memo.value
 
@@ -76,30 +82,30 @@ class TokenCache:
         self, key: str, fetch: Callable[[], Awaitable[Token]], deadline: float, stale: str | None
     ) -> CachedToken:
         if self._redis is None:  # no fleet to share with
-            return _cached(await fetch())
+            return self._cached(await fetch())
         while True:
             current = await self._read(key)
-            if current is not None and current.fresh(stale):
+            if current is not None and current.fresh(stale, self._clock()):
                 return current
             if await self._redis.set(key + ":lock", "1", nx=True, px=_LOCK_MS):
                 try:
                     return await self._refresh(key, fetch, stale)
                 finally:
                     await self._redis.delete(key + ":lock")
-            if current is not None and current.usable(stale):
+            if current is not None and current.usable(stale, self._clock()):
                 return current  # another worker is refreshing it; this one is good meanwhile
-            if time.time() >= deadline:
+            if self._clock() >= deadline:
                 raise errors.TimedOut("The call ran out of time waiting for the upstream's access token.")
             await asyncio.sleep(_POLL_S)
 
     async def _refresh(self, key: str, fetch: Callable[[], Awaitable[Token]], stale: str | None) -> CachedToken:
         current = await self._read(key)  # another worker may have refreshed it since this one looked
-        if current is not None and current.fresh(stale):
+        if current is not None and current.fresh(stale, self._clock()):
             return current
-        cached = _cached(await fetch())
+        cached = self._cached(await fetch())
         record = {"token": cached.value, "expiresAt": cached.expires_at, "refreshAt": cached.refresh_at}
         assert self._redis is not None
-        await self._redis.set(key, json.dumps(record), px=max(1, int((cached.expires_at - time.time()) * 1000)))
+        await self._redis.set(key, json.dumps(record), px=max(1, int((cached.expires_at - self._clock()) * 1000)))
         return cached
 
     async def _read(self, key: str) -> CachedToken | None:
@@ -110,10 +116,9 @@ class TokenCache:
         data = json.loads(raw)
         return CachedToken(data["token"], data["expiresAt"], data["refreshAt"])
 
-
-def _cached(token: Token) -> CachedToken:
-    now = time.time()
-    return CachedToken(token.access_token, now + token.expires_in_s, now + REFRESH_AT_SHARE * token.expires_in_s)
+    def _cached(self, token: Token) -> CachedToken:
+        now = self._clock()
+        return CachedToken(token.access_token, now + token.expires_in_s, now + REFRESH_AT_SHARE * token.expires_in_s)
 
 
 async def authorize(

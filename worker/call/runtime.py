@@ -50,7 +50,7 @@ class Runtime:
                 raise errors.ToolMisconfigured(
                     f"The tool {name!r} cannot be used because its definition is broken. Tell the operator."
                 )
-            raise errors.UnknownTool(f"There is no tool named {name!r}. Use one of the tools you were given.")
+            raise errors.UnknownTool(name, "Use one of the tools you were given.")
         return tool, self.toolset.upstreams[tool.upstream]
 
     def upstream_of(self, name: str) -> str | None:

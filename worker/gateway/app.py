@@ -2,7 +2,7 @@
 
     /mcp            MCP over Streamable HTTP (the `mcp` SDK, stateless: any process answers any request)
     /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
-    /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi.py)
+    /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi_document.py)
     /healthz        ready when a worker answers; /metrics
 
 The process keeps no state of its own between requests: calls wait on the queue and their envelopes in
@@ -28,7 +28,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from worker.gateway import openapi, version
+from worker.gateway import openapi_document as openapi
+from worker.gateway import version
 from worker.gateway.calls import Calls, open_calls
 from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.rest import Rest, error

@@ -17,7 +17,9 @@ import redis
 import redis.asyncio as aioredis
 import structlog
 
-from worker.definitions import builtin, catalog, shared, store
+from worker.definitions import builtin, catalog
+from worker.definitions import file_store as store
+from worker.definitions import redis_store as shared
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
 from worker.settings import Settings

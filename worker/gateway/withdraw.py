@@ -14,7 +14,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from worker.constants import DEFAULT_QUEUE
-from worker.definitions.shared import read_routes
+from worker.definitions.redis_store import read_routes
 from worker.protocol import call_id_needle, without_call
 
 # The waiting messages looked through, newest first (a call further back is about to be taken anyway).

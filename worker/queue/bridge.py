@@ -15,7 +15,7 @@ from typing import Any
 
 from worker import tracing
 from worker.constants import TASK_EXECUTE
-from worker.definitions import shared
+from worker.definitions import redis_store as shared
 from worker.loop import process_loop
 from worker.queue.service import Service, build_service
 from worker.settings import get_settings

@@ -18,7 +18,8 @@ from worker import errors, metrics, tracing
 from worker.call.run import run_call
 from worker.call.runtime import Runtime
 from worker.connections import connect
-from worker.definitions import shared, store
+from worker.definitions import file_store as store
+from worker.definitions import redis_store as shared
 from worker.definitions.builtin import served_toolset
 from worker.definitions.model import ToolSet
 from worker.envelope import ToolResult
