@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from tests.openapi_gen import generate_spec
+from tests.support.openapi_gen import generate_spec
 from worker.definitions import catalog, file_store
 from worker.definitions.readers.openapi import import_openapi
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from tests.openapi_gen import generate_spec, write_spec
+from tests.support.openapi_gen import generate_spec, write_spec
 from worker.call.rendering import PreparedRequest, render
 from worker.definitions import catalog, file_store
 from worker.definitions.model import Problem, ToolSet
