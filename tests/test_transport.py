@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -22,6 +23,7 @@ from worker.http.egress import EgressPolicy
 from worker.http.transport import (
     EGRESS_POOL_CONNECTIONS,
     HttpTransport,
+    KeepAliveConnector,
     Limits,
     PoolSpec,
     PreparedRequest,
@@ -441,3 +443,71 @@ async def test_the_egress_pool_is_not_sized_by_its_first_user(transport: HttpTra
     narrow = dataclasses.replace(POOL, max_connections=1)
     checked = transport.session(narrow, checked=True)
     assert checked.connector is not None and checked.connector.limit == EGRESS_POOL_CONNECTIONS
+
+
+class Injector:
+    """A raw upstream that answers each request with its own path; on the first connection, 0.3 s after
+    its first answer, it writes a response nobody asked for on the idle keep-alive connection. It notes
+    when the client drops that connection."""
+
+    INJECTED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 8\r\n\r\ninjected"
+    INJECT_AFTER_S = 0.3
+    WAIT_FOR_DROP_S = 2.0
+
+    def __init__(self) -> None:
+        self.injected = asyncio.Event()
+        self.dropped = asyncio.Event()
+        self.connections = 0
+        self.all_closed = asyncio.Event()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.all_closed.clear()
+        poisoner = not self.injected.is_set()
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                answer = head.split(b" ", 2)[1]
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+                await writer.drain()
+                if poisoner and not self.injected.is_set():
+                    await asyncio.sleep(self.INJECT_AFTER_S)  # the upstream's own misbehaviour, not a wait
+                    writer.write(self.INJECTED)
+                    await writer.drain()
+                    self.injected.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if poisoner:
+                self.dropped.set()
+        finally:
+            writer.close()
+            self.connections -= 1
+            if not self.connections:
+                self.all_closed.set()
+
+    async def settled(self) -> None:
+        """Wait for the injection, then (bounded) for the client to drop the poisoned connection."""
+        await asyncio.wait_for(self.injected.wait(), 10)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.dropped.wait(), self.WAIT_FOR_DROP_S)
+
+
+async def test_a_pooled_connection_that_received_bytes_while_idle_is_not_reused(
+    transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+) -> None:
+    """A response the upstream sends on an idle keep-alive connection is never read as the next call's
+    answer: every call gets its own answer, in order, and the poisoned connection is dropped."""
+    injector = Injector()
+    url = await raw_server(injector.handle)
+    first = await send(transport, request("GET", url + "/call-1"))
+    await injector.settled()
+    answers = [first.body] + [(await send(transport, request("GET", f"{url}/call-{n}"))).body for n in (2, 3, 4)]
+    await transport.close()
+    await asyncio.wait_for(injector.all_closed.wait(), 10)
+    assert answers == [b"/call-1", b"/call-2", b"/call-3", b"/call-4"]
+    assert injector.dropped.is_set()
+
+
+async def test_both_pools_drop_connections_that_received_bytes_while_idle(transport: HttpTransport, site: Site) -> None:
+    """The egress-checked pool is built on the same guarded connector as an upstream's own pool."""
+    for checked in (False, True):
+        assert isinstance(transport.session(POOL, checked=checked).connector, KeepAliveConnector)

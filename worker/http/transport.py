@@ -10,10 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ConnectionKey
+from aiohttp.connector import Connection
 from aiohttp.resolver import AsyncResolver
+from aiohttp.tracing import Trace
 from yarl import URL
 
 from worker import errors
@@ -86,6 +91,39 @@ class Limits:
     connect_timeout_s: float
 
 
+class _GuardedHandler(ResponseHandler):
+    """aiohttp's protocol, told when it sits idle in the pool: bytes that arrive then (a response nobody
+    asked for) would be read as the answer to the next request sent on it, so the connection is closed
+    at once, and the pool, which reuses only connected ones, drops it."""
+
+    idle = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle and data:
+            self.close()
+            return
+        super().data_received(data)
+
+
+class KeepAliveConnector(aiohttp.TCPConnector):
+    """A TCPConnector that never hands out a pooled connection holding unread bytes (as urllib3 does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._factory = cast("partial[ResponseHandler]", partial(_GuardedHandler, loop=self._loop))
+
+    def _release(self, key: ConnectionKey, protocol: ResponseHandler, *, should_close: bool = False) -> None:
+        super()._release(key, protocol, should_close=should_close)
+        if isinstance(protocol, _GuardedHandler) and protocol.is_connected():  # kept in the pool
+            protocol.idle = True
+
+    async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
+        connection = await super()._get(key, traces)
+        if connection is not None and isinstance(connection.protocol, _GuardedHandler):
+            connection.protocol.idle = False
+        return connection
+
+
 @dataclass(slots=True)
 class _Pool:
     session: aiohttp.ClientSession
@@ -132,7 +170,9 @@ class HttpTransport:
             "resolver": AsyncResolver(nameservers=self._dns_servers) if self._dns_servers else None,
         }
         # The checked pool sees the resolved address of every connection attempt (DNS rebinding too).
-        connector = make_connector(self._policy, **options) if checked else aiohttp.TCPConnector(**options)
+        connector = (
+            make_connector(self._policy, KeepAliveConnector, **options) if checked else KeepAliveConnector(**options)
+        )
         return aiohttp.ClientSession(
             connector=connector,
             # Calls from different users share this pool: never carry cookies between them.
