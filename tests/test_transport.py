@@ -511,3 +511,27 @@ async def test_both_pools_drop_connections_that_received_bytes_while_idle(transp
     """The egress-checked pool is built on the same guarded connector as an upstream's own pool."""
     for checked in (False, True):
         assert isinstance(transport.session(POOL, checked=checked).connector, KeepAliveConnector)
+
+
+async def test_header_bytes_that_are_not_utf8_are_read_as_latin1(
+    transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+) -> None:
+    """A Latin-1 reason phrase and a Content-Type holding non-UTF-8 bytes come out as valid Unicode text,
+    each byte read as Latin-1."""
+
+    async def latin1_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 404 N\xe3o encontrado\r\nContent-Type: text/plain; charset=\xff\xfe\r\n"
+            b"Retry-After: \xe9\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno"
+        )
+        await writer.drain()
+        writer.close()
+
+    url = await raw_server(latin1_head)
+    response = await send(transport, request("GET", url + "/x"))
+    assert (response.status, response.reason, response.body) == (404, "Não encontrado", b"no")
+    assert response.content_type == "text/plain; charset=ÿþ"
+    assert response.retry_after == "é"
+    for text in (response.reason, response.content_type, response.charset, response.retry_after):
+        text.encode("utf-8")  # raises on a lone surrogate

@@ -23,6 +23,7 @@ from yarl import URL
 
 from worker import errors
 from worker.constants import DEFAULT_MAX_CONCURRENCY, MAX_REDIRECTS, REDACTED
+from worker.envelope import valid_text
 from worker.http.egress import EgressPolicy, egress_error, make_connector
 from worker.redaction import is_secret_header, redact
 
@@ -257,7 +258,7 @@ async def _send_once(
             method, url, headers=headers, data=body, allow_redirects=False, timeout=timeout, max_line_size=16384
         )
         try:
-            location = resp.headers.get("Location") if resp.status in _REDIRECTS else None
+            location = _header(resp, "Location") if resp.status in _REDIRECTS else None
             data, complete = (b"", True) if location is not None else await _read_capped(resp, limits.max_bytes, host)
         except BaseException:
             resp.close()
@@ -272,16 +273,24 @@ async def _send_once(
 
 
 def _response(resp: aiohttp.ClientResponse, body: bytes, complete: bool) -> Response:
+    """What the call keeps of a response; its texts made valid Unicode here, where bytes became text."""
     return Response(
         status=resp.status,
-        reason=resp.reason or "",
-        content_type=resp.headers.get("Content-Type"),
-        charset=resp.charset,
+        reason=valid_text(resp.reason or ""),
+        content_type=_header(resp, "Content-Type"),
+        charset=None if resp.charset is None else valid_text(resp.charset),
         body=body,
         complete=complete,
-        url=str(resp.url),
-        retry_after=resp.headers.get("Retry-After"),
+        url=valid_text(str(resp.url)),
+        retry_after=_header(resp, "Retry-After"),
     )
+
+
+def _header(resp: aiohttp.ClientResponse, name: str) -> str | None:
+    """A response header's value as valid Unicode: aiohttp carries bytes that are not UTF-8 as lone
+    surrogates (surrogateescape); `valid_text` reads them as Latin-1."""
+    value = resp.headers.get(name)
+    return None if value is None else valid_text(value)
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, host: str) -> tuple[bytes, bool]:
