@@ -26,6 +26,9 @@ REDACTED = "[redacted]"
 # A header name or log key matching this (case-insensitive) holds a secret.
 SECRET_NAME_PATTERN = r"token|secret|key|auth|password|cookie|session|credential"
 MAX_ARGUMENTS_BYTES = 1024 * 1024
+# Objects and arrays within each other in a call's arguments, at most: far past what a tool's schema
+# describes, far short of what exhausts Python's stack in the code that walks them.
+MAX_ARGUMENTS_DEPTH = 64
 MAX_REDIRECTS = 5
 DEFAULT_MAX_OUTPUT_CHARS = 16_000
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
