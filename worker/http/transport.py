@@ -32,6 +32,11 @@ _CHUNK_BYTES = 64 * 1024
 # What is left of a body after the read cap is read and dropped if it is at most this and comes this fast.
 _DRAIN_MAX_BYTES = 1024 * 1024
 _DRAIN_MAX_S = 0.1
+# aiohttp's parser messages for a response head over its limits (max_line_size, max_headers).
+_MALFORMED = (
+    ("Too many headers", "too many header lines"),
+    ("Got more than", "a status or header line over the size limit"),
+)
 # Called with each redirect target; raises EgressBlocked when the hop is not allowed.
 RedirectCheck = Callable[[URL], None]
 
@@ -346,6 +351,15 @@ async def _close_later(session: aiohttp.ClientSession, delay_s: float) -> None:
         await session.close()
 
 
+def _malformed(parser_message: str) -> str:
+    """What was wrong with a response aiohttp could not parse, in our words: its own message quotes the
+    upstream's bytes, which are no text for the model (nor for the log)."""
+    for prefix, what in _MALFORMED:
+        if parser_message.startswith(prefix):
+            return what
+    return "a malformed status line or header, or more bytes than its Content-Length announced"
+
+
 def translate(exc: BaseException, host: str) -> errors.ToolError:
     """Map an aiohttp/asyncio failure before or during the response head onto the exit-code tree."""
     if isinstance(exc, errors.ToolError):
@@ -363,6 +377,8 @@ def translate(exc: BaseException, host: str) -> errors.ToolError:
         return errors.ConnectFailed(f"Could not connect to {host}.")
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return errors.EmptyResponse(f"{host} closed the connection without sending a response.")
+    if isinstance(exc, aiohttp.ClientResponseError):  # aiohttp's parser refused what came as the response
+        return errors.ReceiveFailed(f"The response from {host} is not valid HTTP: {_malformed(exc.message)}.")
     if isinstance(exc, aiohttp.ClientError | OSError):
         return errors.ReceiveFailed(f"Receiving the response from {host} failed.")
     return errors.InternalError("The request failed inside the worker.")
