@@ -109,18 +109,10 @@ class HostileUpstream:
         return await self.cases[name](writer)
 
     async def _gzip(self, writer: Writer) -> bool:
-        encoding = b"Content-Encoding: gzip"
-        writer.write(head("200 OK", b"Content-Type: text/plain", encoding, length=len(self._gzip_bomb)))
-        writer.write(self._gzip_bomb)
-        await writer.drain()
-        return True
+        return await _bomb(writer, b"gzip", self._gzip_bomb)
 
     async def _brotli(self, writer: Writer) -> bool:
-        encoding = b"Content-Encoding: br"
-        writer.write(head("200 OK", b"Content-Type: text/plain", encoding, length=len(self._brotli_bomb)))
-        writer.write(self._brotli_bomb)
-        await writer.drain()
-        return True
+        return await _bomb(writer, b"br", self._brotli_bomb)
 
     async def _endless(self, writer: Writer) -> bool:
         writer.write(head("200 OK", b"Content-Type: text/plain", b"Transfer-Encoding: chunked"))
@@ -191,3 +183,11 @@ class HostileUpstream:
         writer.write(head("200 OK", content_type, length=len(body)) + body)
         await writer.drain()
         return True
+
+
+async def _bomb(writer: Writer, encoding: bytes, payload: bytes) -> bool:
+    """A few KB on the wire that expand to BOMB_BYTES."""
+    writer.write(head("200 OK", b"Content-Type: text/plain", b"Content-Encoding: " + encoding, length=len(payload)))
+    writer.write(payload)
+    await writer.drain()
+    return True
