@@ -9,9 +9,8 @@ tests/fixtures/chaos with a Redis-compatible server of its own.
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import redis
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer
 from tests.support.hostile import INJECTED_BODY, HostileUpstream
+from tests.support.waiting import wait_until
 from worker.client import task_messages
 from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
@@ -29,7 +29,6 @@ from worker.queue.leases import INFLIGHT_PREFIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(120)]
 
-POLL_S = 0.05
 ANSWER_WITHIN_S = 60.0
 OUTPUT_CHARS = 2000  # the hostile upstream's max_output_chars
 
@@ -70,14 +69,6 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, dns_server: DnsServer) -> It
         server.stop()
         upstream.stop()
         client.close()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 def held(client: redis.Redis) -> int:

@@ -80,13 +80,13 @@ def test_rest_call_too_deep_is_an_envelope_with_65(gateway_stack: Stack, depth: 
 
 
 @pytest.mark.parametrize("route", ["/v1/calls", "/toolserver/execute_tool"])
-def test_a_body_too_deep_to_read_is_422(gateway_stack: Stack, route: str) -> None:
-    """A body nested past what JSON decoding can read (3000 levels) is 422 saying so: not "not valid JSON",
+def test_a_body_too_deep_to_read_is_400_saying_so(gateway_stack: Stack, route: str) -> None:
+    """A body nested past what JSON decoding can read (3000 levels) is a 400 that says it nests too deep,
     not a 500."""
     body = nested_json(3000, '{"tool": "echo_get", "tool_name": "echo_get", "arguments": ', "}")
     response = post_json(gateway_stack, route, body)
-    assert response.status_code == 422, response.text[:2000]
-    assert f"nest {MAX_ARGUMENTS_DEPTH} levels at most" in response.text
+    assert response.status_code == 400, response.text[:2000]
+    assert f"nests too deep (a call's arguments may nest {MAX_ARGUMENTS_DEPTH} levels at most)" in response.text
     assert_no_traceback(gateway_stack)
 
 

@@ -32,9 +32,11 @@ async def json_body(request: Request) -> Any:
         return json.loads(raw)
     except ValueError:
         raise BadBody(400, "The body is not valid JSON.") from None
-    except RecursionError:  # valid JSON, nested past what can be read: arguments allow far less anyway
+    except RecursionError:  # nested past what can be read: a call's arguments may nest far less anyway
         raise BadBody(
-            422, f"The body nests too deep to read; a call's arguments may nest {MAX_ARGUMENTS_DEPTH} levels at most."
+            400,
+            "The body is not valid JSON that can be read: it nests too deep "
+            f"(a call's arguments may nest {MAX_ARGUMENTS_DEPTH} levels at most).",
         ) from None
 
 
