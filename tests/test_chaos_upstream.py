@@ -176,3 +176,28 @@ def test_a_response_injected_on_an_idle_connection_reaches_no_call(chaos: Chaos)
     assert INJECTED_BODY.decode() not in [result for _, result in answers]
     assert chaos.upstream.poisoned_dropped.is_set()
     assert_clean_log(chaos.log_from(offset))
+
+
+def test_a_result_redis_refuses_is_not_acknowledged_and_is_answered_once_later(chaos: Chaos) -> None:
+    """While Redis refuses the publication (an ACL takes EVALSHA away from the worker), the call's message
+    is logged and handed back to the queue, never acknowledged; once Redis accepts again, the call is
+    answered, exactly once, and nothing stays held."""
+    offset = chaos.log_size()
+    token = uuid.uuid4().hex
+    stream = f"chaos:replies:{uuid.uuid4().hex}"
+    message = {"callId": token, "tool": "hostile_get", "arguments": {"case": f"echo-{token}"}, "replyTo": stream}
+    chaos.redis.execute_command("ACL", "SETUSER", "default", "-evalsha")
+    try:
+        chaos.redis.lpush(DEFAULT_QUEUE, *task_messages([message], DEFAULT_QUEUE, 1))
+        wait_until(lambda: chaos.log_from(offset).count("call.publish_failed") >= 2, 30, "two refused publications")
+    finally:
+        chaos.redis.execute_command("ACL", "SETUSER", "default", "+evalsha")
+    wait_until(lambda: chaos.redis.xlen(stream) >= 1, ANSWER_WITHIN_S, "the envelope once Redis accepts it")
+    wait_until(lambda: held(chaos.redis) == 0, ANSWER_WITHIN_S, "nothing held")
+    entries: Any = chaos.redis.xrange(stream)
+    envelopes = [json.loads(data[b"envelope"]) for _, data in entries]
+    assert [(e["callId"], e["exitCode"], e["result"]) for e in envelopes] == [(token, 0, token)]
+    log = chaos.log_from(offset)
+    assert f'"callId": "{token}"' in log and "NoPermissionError" in log
+    assert_clean_log(log)
+    assert_answers_its_own_calls(chaos)
