@@ -20,7 +20,7 @@ import redis
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer
-from tests.support.hostile import INJECTED_BODY, HostileUpstream
+from tests.support.hostile import BOMB_BYTES, INJECTED_BODY, HostileUpstream
 from tests.support.waiting import wait_until
 from worker.client import task_messages
 from worker.constants import DEFAULT_QUEUE
@@ -40,6 +40,7 @@ class Chaos:
     redis: redis.Redis
     upstream: HostileUpstream
     log_path: Path
+    worker_pid: int
 
     def log_from(self, offset: int) -> str:
         with self.log_path.open("rb") as log:
@@ -48,6 +49,12 @@ class Chaos:
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size
+
+    def peak_memory_bytes(self) -> int:
+        """The worker process's peak resident memory so far (VmHWM)."""
+        status = Path(f"/proc/{self.worker_pid}/status").read_text()
+        line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +68,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, dns_server: DnsServer) -> It
     process = start_worker(env, log_path)
     client = redis.Redis.from_url(server.url)
     try:
-        stack = Chaos(client, upstream, log_path)
+        stack = Chaos(client, upstream, log_path, process.pid)
         assert_answers_its_own_calls(stack)  # up before the first case
         yield stack
     finally:
@@ -101,6 +108,18 @@ def assert_answers_its_own_calls(stack: Chaos, count: int = 3) -> None:
 def assert_clean_log(text: str) -> None:
     assert "Traceback" not in text, text[-5000:]
     assert SECRET_TOKEN not in text
+
+
+@pytest.mark.parametrize("bomb", ["gzip-bomb", "brotli-bomb"])
+def test_a_compression_bomb_never_expands_in_memory(chaos: Chaos, bomb: str) -> None:
+    """A bomb that expands to 64 MiB is read to the 1 MiB cap and no further: the worker's peak memory
+    grows by far less than what the bomb would expand to. (First in the module: no bomb was read before.)"""
+    before = chaos.peak_memory_bytes()
+    for _ in range(3):
+        assert call(chaos, "hostile_extract", {"case": bomb})["exitCode"] == 63
+    grown = chaos.peak_memory_bytes() - before
+    print(f"\n[chaos] {bomb}: peak memory grew by {grown / 2**20:.1f} MiB")
+    assert grown < BOMB_BYTES // 4
 
 
 @dataclass(frozen=True)
