@@ -24,7 +24,7 @@ from worker.call.admission import Turn
 from worker.call.job import Answer, Job
 from worker.call.run import run_call
 from worker.call.runtime import TURNS_PER_CONNECTION, Runtime
-from worker.constants import MAX_ARGUMENTS_BYTES, REDACTED
+from worker.constants import MAX_ARGUMENTS_BYTES, MAX_ARGUMENTS_DEPTH, REDACTED
 from worker.definitions.file_store import load
 from worker.definitions.model import ToolSet
 from worker.definitions.model import Upstream as UpstreamDef
@@ -701,3 +701,29 @@ async def test_a_turn_wait_past_the_deadline_reports_no_negative_time() -> None:
     with pytest.raises(errors.TimedOut) as raised:
         await turn.take()
     assert "waited 0 seconds" in raised.value.message
+
+
+def nested_object(depth: int) -> dict[str, Any]:
+    """`depth` levels of objects, the outermost included."""
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"inner": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_ARGUMENTS_DEPTH + 1, 600, 100_000])
+async def test_arguments_nested_too_deep_are_exit_65(run: Any, depth: int) -> None:
+    """Arguments nested past MAX_ARGUMENTS_DEPTH are exit 65 saying so, whatever the depth (no
+    RecursionError, no 70), and nothing is sent."""
+    arguments = {"ticket_id": "T-1", **nested_object(depth)}  # `depth` levels in all
+    envelope, transport = await run({"tool": "ticket_lookup", "arguments": arguments})
+    assert envelope.exit_code == 65 and envelope.error is not None
+    assert f"more than {MAX_ARGUMENTS_DEPTH} levels deep" in envelope.error["message"]
+    assert transport.requests == []
+
+
+async def test_arguments_nested_to_the_limit_are_not_refused_for_their_depth(run: Any) -> None:
+    """Exactly MAX_ARGUMENTS_DEPTH levels is allowed (the schema then has its say)."""
+    arguments = {"ticket_id": "T-1", **nested_object(MAX_ARGUMENTS_DEPTH)}
+    envelope, _ = await run({"tool": "ticket_lookup", "arguments": arguments})
+    assert envelope.error is None or "levels deep" not in envelope.error["message"]
