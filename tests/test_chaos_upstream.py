@@ -179,10 +179,13 @@ def test_non_utf8_header_bytes_are_published_as_latin1(chaos: Chaos) -> None:
     assert typed["result"] == "café"
 
 
-def test_a_response_injected_on_an_idle_connection_reaches_no_call(chaos: Chaos) -> None:
+@pytest.mark.parametrize("round_", range(3))
+def test_a_response_injected_on_an_idle_connection_reaches_no_call(chaos: Chaos, round_: int) -> None:
     """An upstream that sends a second, unasked response on an idle keep-alive connection: the worker
-    drops that connection, and every later call gets its own answer, every time."""
+    drops that connection, and every later call gets its own answer, every time (three rounds)."""
     offset = chaos.log_size()
+    chaos.upstream.injected.clear()
+    chaos.upstream.poisoned_dropped.clear()
     first = call(chaos, "hostile_get", {"case": "inject"})
     assert (first["exitCode"], first["result"]) == (0, "first")
     assert chaos.upstream.injected.wait(10)
