@@ -13,6 +13,7 @@ from typing import Any
 
 from worker.connections import RedisUnavailable, check_reachable
 from worker.constants import DEFAULT_QUEUE
+from worker.errors import RedisLost
 from worker.redaction import mask_url
 from worker.settings import Settings, get_settings
 
@@ -24,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
     except KeyboardInterrupt:
         return 130
-    except RedisUnavailable as exc:
+    except (RedisUnavailable, RedisLost) as exc:  # EX_UNAVAILABLE, the reason on one line, no traceback
         print(f"toolworker: {exc}", file=sys.stderr)
         return 69
     return code
