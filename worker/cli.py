@@ -253,8 +253,8 @@ def _tools(args: argparse.Namespace) -> int:
     rows = catalog.search(toolset, args.search, args.top_k) if args.search else catalog.list_tools(toolset, args.tag)
     exports = {"openai": catalog.to_openai, "anthropic": catalog.to_anthropic, "mcp": catalog.to_mcp}
     if args.format in exports:
-        definitions = catalog.schemas(toolset, [row["name"] for row in rows])["tools"]
-        print(json.dumps(exports[args.format](definitions), indent=2, ensure_ascii=False))
+        tools = [toolset.tools[row["name"]] for row in rows]  # the tools themselves: their kind sets MCP hints
+        print(json.dumps(exports[args.format](tools), indent=2, ensure_ascii=False))
     elif args.format == "json":
         print(json.dumps(rows, indent=2, ensure_ascii=False))
     else:
