@@ -115,6 +115,13 @@ def auth(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def text_of(result: object) -> str:
+    """The one text content of an MCP tool result."""
+    content = result.content  # type: ignore[attr-defined]
+    assert len(content) == 1 and content[0].type == "text"
+    return str(content[0].text)
+
+
 @dataclass
 class Stack:
     redis: EmbeddedRedis
@@ -155,4 +162,4 @@ def gateway_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactor
         server.stop()
 
 
-__all__ = ["SECRET_TOKEN", "Gateway", "Stack", "auth", "gateway_stack", "start_gateway"]
+__all__ = ["SECRET_TOKEN", "Gateway", "Stack", "auth", "gateway_stack", "start_gateway", "text_of"]

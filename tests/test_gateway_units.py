@@ -67,10 +67,13 @@ def test_cursors_are_opaque_and_checked() -> None:
 
 
 def test_result_text_and_meta() -> None:
-    """Success is the result as it is; failure is the error message, then the body; a missing answer says so."""
+    """Success is the result as it is; failure is the error message, then the body under a label (none when
+    the body is empty); a missing answer says so."""
     ok = ToolResult("c1", "t", status_code=200, result='{"a": 1}', attempts=1)
     failed = ToolResult("c2", "t", status_code=404, result="nope", exit_code=22, error={"type": "x", "message": "M."})
-    assert result_text(ok) == '{"a": 1}' and result_text(failed) == "M.\n\nnope"
+    empty = ToolResult("c4", "t", status_code=404, result="", exit_code=22, error={"type": "x", "message": "M."})
+    assert result_text(ok) == '{"a": 1}' and result_text(failed) == "M.\n\nThe response body:\nnope"
+    assert result_text(empty) == "M."
     answer = tool_result(failed, "c2", 5)
     assert answer["isError"] is True and answer["_meta"]["toolworker/call"]["statusCode"] == 404
     pending = tool_result(None, "c3", 5)

@@ -49,6 +49,23 @@ def test_a_coroutine_over_its_time_is_cancelled(loop_thread: LoopThread) -> None
         loop_thread.stop()
 
 
+def test_a_timeout_error_the_coroutine_raises_reaches_the_caller_as_it_is(loop_thread: LoopThread) -> None:
+    """A TimeoutError (or a subclass: the client's RedisLost) raised by the coroutine is not taken for the
+    wait running out: the caller gets that very exception, at once."""
+
+    class Lost(TimeoutError):
+        pass
+
+    async def fails() -> None:
+        raise Lost("lost Redis")
+
+    try:
+        with pytest.raises(Lost, match="lost Redis"):
+            loop_thread.run(fails(), 30)
+    finally:
+        loop_thread.stop()
+
+
 def test_stop_runs_the_cleanup_then_closes_the_loop(loop_thread: LoopThread) -> None:
     """The cleanup coroutine runs on the loop before it stops; the loop is closed afterwards."""
     cleaned = []

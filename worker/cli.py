@@ -13,6 +13,7 @@ from typing import Any
 
 from worker.connections import RedisUnavailable, check_reachable
 from worker.constants import DEFAULT_QUEUE
+from worker.errors import RedisLost
 from worker.redaction import mask_url
 from worker.settings import Settings, get_settings
 
@@ -24,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
     except KeyboardInterrupt:
         return 130
-    except RedisUnavailable as exc:
+    except (RedisUnavailable, RedisLost) as exc:  # EX_UNAVAILABLE, the reason on one line, no traceback
         print(f"toolworker: {exc}", file=sys.stderr)
         return 69
     return code
@@ -252,8 +253,8 @@ def _tools(args: argparse.Namespace) -> int:
     rows = catalog.search(toolset, args.search, args.top_k) if args.search else catalog.list_tools(toolset, args.tag)
     exports = {"openai": catalog.to_openai, "anthropic": catalog.to_anthropic, "mcp": catalog.to_mcp}
     if args.format in exports:
-        definitions = catalog.schemas(toolset, [row["name"] for row in rows])["tools"]
-        print(json.dumps(exports[args.format](definitions), indent=2, ensure_ascii=False))
+        tools = [toolset.tools[row["name"]] for row in rows]  # the tools themselves: their kind sets MCP hints
+        print(json.dumps(exports[args.format](tools), indent=2, ensure_ascii=False))
     elif args.format == "json":
         print(json.dumps(rows, indent=2, ensure_ascii=False))
     else:

@@ -4,6 +4,9 @@ One implementation, `AsyncToolClient`, on redis.asyncio: calls are LPUSHed as Ce
 messages; each client reads its results from its own reply stream (a Redis stream survives a
 reconnect, where pub/sub would drop what was sent meanwhile). `ToolClient` runs the same code on a
 background loop for synchronous callers.
+
+A call's timeout bounds the caller's wait: past it, the result store is read once, within
+CLIENT_SLACK_S; a Redis that does not answer by then raises RedisLost (a Redis back in time is used).
 """
 
 from __future__ import annotations
@@ -13,19 +16,23 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import tracing
 from worker.connections import connect
 from worker.constants import (
+    CLIENT_SLACK_S,
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_QUEUE,
     DEFAULT_TENANT,
@@ -35,8 +42,10 @@ from worker.constants import (
 )
 from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
+from worker.errors import RedisLost
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_messages
+from worker.redaction import mask_url
 from worker.settings import get_settings
 
 T = TypeVar("T")
@@ -45,6 +54,12 @@ _ROUTES_TTL_S = 10.0
 # How long a flush waits for more calls when the previous flush was this recent (a stream of submits).
 _LINGER_S = 0.001
 _READ_COUNT = 1000
+# A blocked XREAD answers within _READ_BLOCK_MS: a socket silent for longer is a Redis gone away.
+_READ_SOCKET_TIMEOUT_S = _READ_BLOCK_MS / 1000 + 5
+# The synchronous client's last resort, should the loop itself not answer (the async code bounds every wait).
+_SYNC_GUARD_S = 5.0
+# What a lost Redis looks like from redis-py and from a bounded wait.
+_LOST = (RedisConnectionError, RedisTimeoutError, TimeoutError)
 
 CallSpec = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], Mapping[str, str]]
 
@@ -63,7 +78,12 @@ class AsyncToolClient:
         self.tenant = checked_tenant(tenant)
         self._redis = connect(url)
         # XREAD BLOCK holds its connection; the read loop retries by itself, so redis-py must not.
-        self._reader_redis = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+        self._reader_redis = aioredis.Redis.from_url(
+            url, retry=Retry(NoBackoff(), 0), socket_timeout=_READ_SOCKET_TIMEOUT_S, socket_connect_timeout=5
+        )
+        self._where = mask_url(url)
+        # Why the reply stream cannot be read, while it cannot (named when a call fails for it).
+        self._read_error: str | None = None
         self._closing = False
         self._queue = queue
         self.reply_stream = f"toolworker:replies:{uuid.uuid4().hex}"
@@ -86,15 +106,19 @@ class AsyncToolClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
     ) -> ToolResult:
-        call_ids = await self.submit_many([(tool, arguments or {}, headers or {})], timeout=timeout, tenant=tenant)
-        return (await self._collect(call_ids, [tool], timeout))[0]
+        return (await self.acall_many([(tool, arguments or {}, headers or {})], timeout=timeout, tenant=tenant))[0]
 
     async def acall_many(
         self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S, tenant: str | None = None
     ) -> list[ToolResult]:
-        """Run many calls as one message; results come back in order."""
-        call_ids = await self.submit_many(calls, timeout=timeout, tenant=tenant)
-        return await self._collect(call_ids, [spec[0] for spec in calls], timeout)
+        """Run many calls as one message; results come back in order. Raises RedisLost when Redis does not
+        answer within `timeout` plus CLIENT_SLACK_S."""
+        _check_timeout(timeout)  # before it bounds anything
+        started = time.monotonic()
+        enqueue = self.submit_many(calls, timeout=timeout, tenant=tenant)
+        call_ids = await self._bounded(enqueue, timeout, "while enqueuing the call (it may be enqueued all the same)")
+        wait_s = max(0.0, started + timeout - time.monotonic())
+        return await self._collect(call_ids, [spec[0] for spec in calls], wait_s, timeout)
 
     async def submit_many(
         self,
@@ -109,8 +133,7 @@ class AsyncToolClient:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
         calls carry the active span's trace context (OpenTelemetry), else `trace` when given; they are
         for `tenant` (the client's own when None), made by `principal` when one is named (the gateway)."""
-        if not 0 < timeout <= MAX_CALL_TIMEOUT_S:  # the workers would refuse the call (65)
-            raise ValueError(f"timeout must be more than 0 and at most {MAX_CALL_TIMEOUT_S:g} seconds, got {timeout!r}")
+        _check_timeout(timeout)
         tenant = self.tenant if tenant is None else checked_tenant(tenant)
         self._ensure_reader()
         now = datetime.now(UTC)
@@ -172,16 +195,17 @@ class AsyncToolClient:
         return grouped
 
     async def result(self, call_id: str, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> ToolResult:
-        """The envelope of a call; raises TimeoutError when it does not come in time."""
+        """The envelope of a call; raises TimeoutError when it does not come in time (RedisLost when Redis
+        does not answer either)."""
         future = self._waiting.get(call_id)
         if future is None:  # not submitted by this client: read the stored result
             return await self._poll_stored(call_id, timeout)
         try:
             envelope = await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
-            stored = await self._stored(call_id)
+            stored = await self._stored_within(call_id, CLIENT_SLACK_S)
             if stored is None:
-                raise
+                raise TimeoutError(f"no result for call {call_id} within {timeout:g} s") from None
             envelope = stored
         finally:  # answered or given up on: a long-lived client keeps no entry behind
             self._waiting.pop(call_id, None)
@@ -206,8 +230,10 @@ class AsyncToolClient:
         return json.loads(result.result)
 
     async def aclose(self) -> None:
-        if self._flusher is not None:  # calls submitted just before closing still leave
-            await asyncio.wait({self._flusher}, timeout=5)
+        if self._flusher is not None:  # calls submitted just before closing still leave, unless Redis is gone
+            await asyncio.wait({self._flusher}, timeout=CLIENT_SLACK_S)
+            self._flusher.cancel()  # and awaited: a task left to the loop's end leaves redis-py's cleanup undone
+            await asyncio.wait({self._flusher}, timeout=CLIENT_SLACK_S)
         # A blocked XREAD does not honour cancellation promptly: drop its connection instead.
         self._closing = True
         await self._reader_redis.connection_pool.disconnect()
@@ -217,17 +243,20 @@ class AsyncToolClient:
         await self._redis.aclose()
         await self._reader_redis.aclose()
 
-    async def _collect(self, call_ids: list[str], tools: list[str], timeout: float) -> list[ToolResult]:
-        """The envelopes of calls submitted here, in order, waited for together (one timer, no task
-        each). A call still unanswered after `timeout` is read from the result store, else ends with 28."""
+    async def _collect(self, call_ids: list[str], tools: list[str], wait_s: float, timeout: float) -> list[ToolResult]:
+        """The envelopes of calls submitted here, in order, waited for together (one timer, no task each).
+        A call still unanswered after `wait_s` is read from the result store, else ends with 28."""
         futures = [self._waiting[call_id] for call_id in call_ids]
         try:
             pending = [future for future in futures if not future.done()]
             if pending:
-                await asyncio.wait(pending, timeout=timeout)
+                await asyncio.wait(pending, timeout=wait_s)
+            late = [call_id for call_id, future in zip(call_ids, futures, strict=True) if not future.done()]
+            stored = await self._stored_many(late, CLIENT_SLACK_S, "while waiting for results") if late else []
+            stored_by_id = dict(zip(late, stored, strict=True))
             results = []
             for call_id, tool, future in zip(call_ids, tools, futures, strict=True):
-                envelope = future.result() if future.done() else await self._stored(call_id)
+                envelope = future.result() if future.done() else stored_by_id[call_id]
                 results.append(
                     ToolResult.from_dict(envelope) if envelope is not None else _unanswered(call_id, tool, timeout)
                 )
@@ -247,10 +276,12 @@ class AsyncToolClient:
                 answer: Any = await self._reader_redis.xread(
                     {self.reply_stream: last_id}, count=_READ_COUNT, block=_READ_BLOCK_MS
                 )
-            except RedisError:
+            except RedisError as exc:
+                self._read_error = _one_line(exc)
                 if not self._closing:
                     await asyncio.sleep(0.5)  # Redis is away: try again without spinning
                 continue
+            self._read_error = None
             for _stream, entries in answer or []:
                 for entry_id, fields in entries:
                     last_id = entry_id
@@ -263,20 +294,48 @@ class AsyncToolClient:
         if future is not None and not future.done():
             future.set_result(envelope)
 
-    async def _stored(self, call_id: str) -> dict[str, Any] | None:
-        return await stored_envelope(self._redis, call_id)
+    async def _stored_many(self, call_ids: list[str], timeout_s: float, doing: str) -> list[dict[str, Any] | None]:
+        """The stored envelopes of these calls, read within `timeout_s` (else RedisLost)."""
+        reads = asyncio.gather(*(stored_envelope(self._redis, call_id) for call_id in call_ids))
+        return list(await self._bounded(reads, timeout_s, doing))
+
+    async def _stored_within(self, call_id: str, timeout_s: float) -> dict[str, Any] | None:
+        return (await self._stored_many([call_id], timeout_s, f"while waiting for the result of call {call_id}"))[0]
+
+    async def _bounded(self, step: Awaitable[T], timeout_s: float, doing: str) -> T:
+        """A step that needs Redis, within `timeout_s`; RedisLost when Redis is gone or does not answer
+        in time (redis-py alone would retry a lost server for a minute or more)."""
+        try:
+            return await asyncio.wait_for(step, timeout_s)
+        except _LOST as exc:
+            raise self.lost(doing, exc, timeout_s) from exc
+
+    def lost(self, doing: str, exc: BaseException, timeout_s: float) -> RedisLost:
+        """The error for a step that Redis did not let finish, with the best reason known."""
+        reason = _one_line(exc) or self._read_error or f"no answer within {timeout_s:g} s"
+        return RedisLost(f"lost Redis at {self._where} {doing} ({reason})")
 
     async def _poll_stored(self, call_id: str, timeout: float) -> ToolResult:
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
-            envelope = await self._stored(call_id)
+            left_s = max(0.0, deadline - time.monotonic())
+            envelope = await self._stored_within(call_id, left_s + CLIENT_SLACK_S)
             if envelope is not None:
                 return ToolResult.from_dict(envelope)
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no result for call {call_id} within {timeout:g} s")
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
+
+
+def _check_timeout(timeout: float) -> None:
+    if not 0 < timeout <= MAX_CALL_TIMEOUT_S:  # the workers would refuse the call (65)
+        raise ValueError(f"timeout must be more than 0 and at most {MAX_CALL_TIMEOUT_S:g} seconds, got {timeout!r}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
 
 
 def checked_tenant(tenant: str) -> str:
@@ -319,8 +378,14 @@ class CallHandle:
         self.call_id = call_id
 
     def get(self, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> ToolResult:
-        self._sent.result(timeout)
-        return self._client._run(self._client._async.result(self.call_id, timeout), timeout)
+        """Raises TimeoutError when the envelope does not come in time, RedisLost when Redis is gone."""
+        started = time.monotonic()
+        try:
+            self._sent.result(timeout)
+        except (FutureTimeout, RedisConnectionError, RedisTimeoutError) as exc:
+            raise self._client._async.lost(f"while enqueuing call {self.call_id}", exc, timeout) from exc
+        wait_s = max(0.0, started + timeout - time.monotonic())
+        return self._client._run(self._client._async.result(self.call_id, wait_s), wait_s)
 
 
 class ToolClient:
@@ -385,7 +450,7 @@ class ToolClient:
         self.close()
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        return self._loop.run(coro, timeout + 30)
+        return self._loop.run(coro, timeout + CLIENT_SLACK_S + _SYNC_GUARD_S)
 
 
 async def _make_async(redis_url: str | None, queue: str, tenant: str) -> AsyncToolClient:

@@ -59,7 +59,13 @@ ACCEPT_CONTENT = ("json",)
 DEFINITIONS_VERSION_KEY = "toolworker:definitions:version"
 DEFINITIONS_CURRENT_KEY = "toolworker:definitions:current"
 DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"
+# What workers on the file store serve (a hash: digest, files, announcedAt), so that a gateway serves it too.
+FLEET_DEFINITIONS_KEY = "toolworker:definitions:fleet"
 
 # The agent gateway: a claim per callId it enqueues (value: the call's fingerprint), so a client that
 # sends the same callId again is answered from that call instead of enqueuing it twice.
 GATEWAY_CALL_KEY_PREFIX = "toolworker:gateway:call:"
+
+# How far past its timeout a client may wait for a call: reading the result store once the timeout has
+# passed, and telling a lost Redis from a call nobody answered, take at most this long.
+CLIENT_SLACK_S = 2.0

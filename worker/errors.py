@@ -23,6 +23,11 @@
 aiohttp's exceptions are translated into this tree in `http/transport.py` only; the tree is turned into
 an envelope by `call/shaping.py` (`ToolResult.failure` for a call refused before it ran, or for what never
 became a call) only. A non-2xx answer (exit 22) is a response, not an exception.
+
+A client (Python or the CLI) waiting for a call raises one error of its own, not an envelope:
+
+    RedisLost (ConnectionError, TimeoutError)   Redis did not answer within the call's timeout plus
+                                                CLIENT_SLACK_S; the CLI exits 69
 """
 
 from __future__ import annotations
@@ -137,3 +142,8 @@ class ReceiveFailed(TransportError):
 class ResponseTooLarge(TransportError):
     exit_code = 63
     type = "response_too_large"
+
+
+class RedisLost(ConnectionError, TimeoutError):
+    """A client's call could not be enqueued or answered because Redis went away; the message names the
+    server (password masked) and why. A TimeoutError too: the caller's wait ended at its timeout."""

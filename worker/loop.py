@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Coroutine
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -27,11 +27,12 @@ class LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout_s)
-        except FutureTimeout:
+        # Waited for apart from its result: a TimeoutError the coroutine raises (a client's RedisLost is
+        # one) must reach the caller as it is, not be taken for this wait running out.
+        if not wait([future], timeout_s).done:
             future.cancel()
-            raise TimeoutError(f"the coroutine did not finish within {timeout_s} s") from None
+            raise TimeoutError(f"the coroutine did not finish within {timeout_s} s")
+        return future.result()
 
     def stop(self, cleanup: Coroutine[Any, Any, Any] | None = None, timeout_s: float = 5.0) -> None:
         if cleanup is not None and self.loop.is_running():

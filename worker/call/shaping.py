@@ -80,10 +80,11 @@ def _shaped(response: Response, job: Job, secrets: frozenset[str]) -> dict[str, 
     }
     if not ok:
         fields["exit_code"] = 22
+        # Read on every surface (an envelope's `error`, an MCP tool result's text): it names no field.
+        body = "." if text else ", with an empty body."
         fields["error"] = {
             "type": "http_error",
-            "message": f"The call failed: the upstream answered HTTP {response.status} {response.reason}. "
-            "Its response body is in `result`.",
+            "message": f"The call failed: the upstream answered HTTP {response.status} {response.reason}{body}",
         }
     return fields
 

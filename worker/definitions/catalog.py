@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST
 from worker.definitions.model import (
     DEFINITIONS_KEYWORDS,
     SUBSCHEMA_KEYWORDS,
@@ -236,9 +237,9 @@ def to_mcp(tools: Iterable[ToolLike]) -> list[dict[str, JSON]]:
             "name": d["name"],
             "description": d["description"],
             "inputSchema": export_schema(d["inputSchema"], keep_examples=True),
-            "annotations": _mcp_annotations(d["method"]),
+            "annotations": _mcp_annotations(item, d["method"]),
         }
-        for d in map(_definition, tools)
+        for item, d in ((item, _definition(item)) for item in tools)
     ]
 
 
@@ -250,7 +251,24 @@ def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _mcp_annotations(method: str) -> dict[str, bool]:
+# The catalog tools only read the definitions the worker holds: nothing changes, nothing outside is reached.
+_CATALOG_HINTS = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
+# The generic tool sends whatever method the model picks: MCP's defaults, which assume the worst.
+_ANY_METHOD_HINTS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True}
+
+
+def _mcp_annotations(item: ToolLike, method: str) -> dict[str, bool]:
+    """Hints from what answers the tool: the built-in tools by their kind (their method is a placeholder),
+    the others from the HTTP method."""
+    kind = item.kind if isinstance(item, Tool) else KIND_DEFINED
+    if kind == KIND_CATALOG:
+        return dict(_CATALOG_HINTS)
+    if kind == KIND_HTTP_REQUEST:
+        return dict(_ANY_METHOD_HINTS)
+    return _method_annotations(method)
+
+
+def _method_annotations(method: str) -> dict[str, bool]:
     """Hints from the HTTP method: safe methods read, DELETE destroys, PUT and DELETE are idempotent."""
     method = method.upper()
     hints = {"readOnlyHint": method in _SAFE_METHODS, "openWorldHint": True}

@@ -1,14 +1,16 @@
 """The Redis store: definitions published to Redis as numbered versions, so that every worker (and
 client) serves one catalog, and a new version reaches running workers without a restart.
 
-This module owns its Redis keys: the versions and bundles (DEFINITIONS_*), and the routes (tool ->
-bulkhead queue) that workers write and clients read.
+This module owns its Redis keys: the versions and bundles (DEFINITIONS_*), the routes (tool ->
+bulkhead queue) that workers write and clients read, and the files that workers on the file store
+announce they serve (FLEET_DEFINITIONS_KEY), which a gateway on the file store serves in turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import hashlib
 import json
 import shutil
 import tempfile
@@ -23,7 +25,13 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY, DEFINITIONS_VERSION_KEY, ROUTES_KEY
+from worker.constants import (
+    DEFINITIONS_BUNDLE_PREFIX,
+    DEFINITIONS_CURRENT_KEY,
+    DEFINITIONS_VERSION_KEY,
+    FLEET_DEFINITIONS_KEY,
+    ROUTES_KEY,
+)
 from worker.definitions.file_store import definition_files, load
 from worker.definitions.model import Problem, ToolSet
 
@@ -47,6 +55,51 @@ def write_routes(client: redis.Redis, toolset: ToolSet) -> None:
         if table:
             pipe.hset(ROUTES_KEY, mapping=cast(Any, table))  # redis-py types reject dict[str, str]
         pipe.execute()
+
+
+def announce(client: redis.Redis, paths: list[Path], toolset: ToolSet) -> None:
+    """What a worker on the file store serves, for the others to follow: its routes (clients) and its
+    definitions files (gateways). Every worker of a fleet on one folder announces the same digest."""
+    write_routes(client, toolset)
+    files = bundle(paths)
+    mapping = {"digest": files_digest(files), "files": json.dumps(files), "announcedAt": str(time.time())}
+    client.hset(FLEET_DEFINITIONS_KEY, mapping=cast(Any, mapping))  # redis-py types reject dict[str, str]
+
+
+def files_digest(files: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+async def announced_files(client: aioredis.Redis) -> tuple[str, dict[str, str]] | None:
+    """The digest and files the workers on the file store last announced, None when none did."""
+    raw: Any = await client.hmget(FLEET_DEFINITIONS_KEY, ["digest", "files"])
+    if raw[0] is None or raw[1] is None:
+        return None
+    return raw[0].decode(), json.loads(raw[1])
+
+
+async def follow_announced(
+    client: aioredis.Redis,
+    digest: str | None,
+    poll_s: float,
+    on_files: Callable[[str, dict[str, str]], Awaitable[None]],
+) -> None:
+    """Hand each newly announced set of files to `on_files`, for as long as the task runs; a set that
+    cannot be loaded is logged and skipped, polling goes on through Redis outages."""
+    while True:
+        await asyncio.sleep(poll_s)
+        try:
+            current: Any = await client.hget(FLEET_DEFINITIONS_KEY, "digest")
+            if current is None or current.decode() == digest:
+                continue
+            announced = await announced_files(client)
+            if announced is not None:
+                digest = announced[0]  # tried once: a set that fails to load is not tried again
+                await on_files(*announced)
+        except RedisError as exc:
+            log.warning("definitions.poll_failed", error=str(exc))
+        except Exception as exc:
+            log.error("definitions.load_failed", digest=digest, error=f"{type(exc).__name__}: {exc}")
 
 
 async def read_routes(client: aioredis.Redis) -> dict[str, str]:
@@ -124,12 +177,16 @@ class Bundles:
         """The version and toolset of a published bundle."""
         data = json.loads(payload)
         version = int(data["version"])
+        return version, self.load_files(version, data["files"], environ)
+
+    def load_files(self, version: int, files: Mapping[str, str], environ: Mapping[str, str] | None = None) -> ToolSet:
+        """The toolset of a bundle's files, kept on disk as this version."""
         directory = self.root / f"v{version}"
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir()
-        toolset = load([materialize(data["files"], directory)], environ)
+        toolset = load([materialize(files, directory)], environ)
         self._prune(version)
-        return version, toolset
+        return toolset
 
     def _prune(self, newest: int) -> None:
         versions = sorted(int(path.name[1:]) for path in self.root.glob("v*") if path.name[1:].isdigit())

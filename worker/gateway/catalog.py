@@ -1,8 +1,11 @@
 """The tools the gateway offers: what the workers serve, optionally a tagged subset, version after version.
 
-The file store is read once at start, as the workers read it. With the Redis store the current version
-is polled (`TOOLWORKER_STORE_POLL_SECONDS`, like the workers) and each new one replaces the snapshot;
-listeners hear of it, so MCP clients learn that the tool list changed.
+With the file store, the gateway serves the files the workers announced they serve (redis_store.announce),
+never a folder of its own that may differ: its own `TOOLWORKER_DEFINITIONS` is read only while no
+worker has announced any (a gateway started first), and a warning says so. With the Redis store the
+current published version is served. Either way the source is polled (`TOOLWORKER_STORE_POLL_SECONDS`,
+like the workers) and each change replaces the snapshot; listeners hear of it, so MCP clients learn
+that the tool list changed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 import structlog
+from redis.exceptions import RedisError
 
 from worker.definitions import builtin, catalog
 from worker.definitions import file_store as store
@@ -109,16 +113,14 @@ class Catalog:
     @property
     def ttl_ms(self) -> int:
         """How long a client may keep a tool list: until the next look for a new version."""
-        follows = self._settings.store == "redis"
-        return int(self._settings.store_poll_seconds * 1000) if follows else 60_000
+        return int(self._settings.store_poll_seconds * 1000)
 
     def on_change(self, listener: Callable[[Snapshot], None]) -> None:
         self._listeners.append(listener)
 
     async def start(self, client: aioredis.Redis) -> None:
         if self._settings.store == "file":
-            toolset = await asyncio.to_thread(store.load, [self._settings.definitions])
-            self._replace(0, toolset)
+            await self._start_announced(client)
             return
         bundles = shared.Bundles()
         payload = await asyncio.to_thread(_current_payload, self._settings.redis_url)
@@ -130,16 +132,50 @@ class Catalog:
         watch = shared.follow(client, bundles, self.snapshot.version, poll_s, self._replace)
         self._watcher = asyncio.get_running_loop().create_task(watch)
 
+    async def _start_announced(self, client: aioredis.Redis) -> None:
+        """The file store: serve the files the workers announced, and each set they announce later."""
+        bundles = shared.Bundles()
+        served = 0  # the sets served so far, which name their folders in `bundles`
+
+        async def serve(digest: str, files: dict[str, str]) -> None:
+            nonlocal served
+            served += 1
+            # Version 0 as for any file store: the number names a published version, and there is none.
+            self._replace(0, await asyncio.to_thread(bundles.load_files, served, files), digest)
+
+        try:
+            announced = await shared.announced_files(client)
+        except RedisError as exc:  # Redis away at start: the follower below takes the announcement later
+            log.warning("gateway.definitions_unread", error=str(exc))
+            announced = None
+        if announced is None:
+            await self._serve_own_folder()
+        else:
+            await serve(*announced)
+        watch = shared.follow_announced(client, announced and announced[0], self._settings.store_poll_seconds, serve)
+        self._watcher = asyncio.get_running_loop().create_task(watch)
+
+    async def _serve_own_folder(self) -> None:
+        folder = self._settings.definitions
+        log.warning(
+            "gateway.no_worker_definitions",
+            definitions=str(folder.resolve()),
+            reason="no worker on the file store has announced the definitions it serves: serving this folder "
+            "until one does",
+        )
+        self._replace(0, await asyncio.to_thread(store.load, [folder]))
+
     async def close(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
 
-    def _replace(self, version: int, toolset: ToolSet) -> None:
+    def _replace(self, version: int, toolset: ToolSet, digest: str | None = None) -> None:
         changed, self._loaded = self._loaded, True
         self.snapshot = Snapshot(version, with_tags(served_toolset(toolset, self._settings), self._tags))
-        log.info("gateway.definitions_loaded", version=version, tools=len(self.snapshot.names), tags=list(self._tags))
+        tools, tags = len(self.snapshot.names), list(self._tags)
+        log.info("gateway.definitions_loaded", version=version, digest=digest, tools=tools, tags=tags)
         if changed:  # the first load changes nothing a client has seen
             for listener in self._listeners:
                 listener(self.snapshot)

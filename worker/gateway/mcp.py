@@ -222,11 +222,14 @@ def tool_result(envelope: ToolResult | None, call_id: str, waited_s: float) -> d
 
 
 def result_text(envelope: ToolResult) -> str:
-    """What the model reads: the result, or on failure the error message followed by the body."""
+    """What the model reads: the result, or on failure the error message followed by the body, if any."""
     if envelope.exit_code == 0:
         return envelope.result
     message = (envelope.error or {}).get("message") or f"The call failed (exit code {envelope.exit_code})."
-    return f"{message}\n\n{envelope.result}" if envelope.result else message
+    if not envelope.result:
+        return message
+    label = "The response body (truncated):" if envelope.truncated else "The response body:"
+    return f"{message}\n\n{label}\n{envelope.result}"
 
 
 def call_meta(envelope: ToolResult) -> dict[str, Any]:

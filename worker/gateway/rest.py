@@ -213,8 +213,8 @@ class Rest:
             return JSONResponse({**extra, "tools": rows})
         if fmt not in EXPORTS:
             raise BadBody(422, "`format` must be summary, openai, anthropic or mcp.")
-        definitions = catalog.schemas(self.calls.catalog.snapshot.toolset, [r["name"] for r in rows])["tools"]
-        return JSONResponse({**extra, "tools": EXPORTS[fmt](definitions)})
+        tools = self.calls.catalog.snapshot.toolset.tools  # the tools themselves: their kind sets MCP hints
+        return JSONResponse({**extra, "tools": EXPORTS[fmt]([tools[r["name"]] for r in rows])})
 
     # --- operations -------------------------------------------------------------------------------
 

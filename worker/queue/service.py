@@ -134,8 +134,8 @@ def _parse(message: Any, task_id: str, index: int | None) -> tuple[ToolCall | To
 
 
 def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> Service:
-    """The service of a worker process, its definitions loaded (and, for the file store, its routes
-    published)."""
+    """The service of a worker process, its definitions loaded (and, for the file store, its routes and
+    files announced)."""
     tracing.configure("toolworker")
     policy = EgressPolicy.parse(settings.egress_allow)
     version, toolset = _initial_definitions(settings, bundles)
@@ -156,7 +156,7 @@ def _initial_definitions(settings: Settings, bundles: shared.Bundles | None) -> 
     try:
         if settings.store == "file":
             toolset = _loaded(store.load([settings.definitions]), "file")
-            shared.write_routes(client, toolset)
+            shared.announce(client, [settings.definitions], toolset)  # routes for clients, files for gateways
             return 0, toolset
         payload = shared.current_payload(client)
     finally:
