@@ -60,3 +60,6 @@ DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"
 # The agent gateway: a claim per callId it enqueues (value: the call's fingerprint), so a client that
 # sends the same callId again is answered from that call instead of enqueuing it twice.
 GATEWAY_CALL_KEY_PREFIX = "toolworker:gateway:call:"
+# The audit trail: one entry per call the gateway takes (who, which tool, callId, exit code), capped by
+# TOOLWORKER_AUDIT_STREAM_MAXLEN; written by worker/gateway/audit.py, read by `toolworker audit`.
+AUDIT_STREAM_KEY = "toolworker:audit"

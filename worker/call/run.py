@@ -38,7 +38,9 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
     started = time.perf_counter()
     envelope = ToolResult(call_id=call.call_id, tool=call.tool)
     # Each call runs in an asyncio task of its own, so its context (and these bindings) die with it.
-    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool)
+    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool, tenant=call.tenant)
+    if call.principal is not None:  # made through the gateway: by whom (a name, never a credential)
+        structlog.contextvars.bind_contextvars(principal=call.principal)
     try:
         await _admit_and_answer(call, runtime, envelope, time.time() if received_at is None else received_at)
     except errors.ToolError as exc:
