@@ -4,6 +4,7 @@ the Guard's answers, the audit trail's times."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -245,3 +246,23 @@ def test_audit_cli_refuses_a_bad_since(capsys: pytest.CaptureFixture[str]) -> No
     """`toolworker audit --since soon` exits 64 saying what it takes."""
     assert main(["audit", "--since", "soon"]) == 64
     assert "ISO 8601" in capsys.readouterr().err
+
+
+async def test_a_verified_token_is_kept_until_it_expires() -> None:
+    """The same token again is not verified again while it lives; once expired it is checked anew."""
+    spec = OAuthSpec.model_validate({"issuer": ISSUER, "scopes": {"s": {"tools": ["*"]}}})
+    verifier = JwtVerifier(spec, AUDIENCE)
+    checked: list[str] = []
+    lives_s = [3600.0, -1.0, -1.0]
+
+    async def claims(token: str) -> dict[str, object]:
+        checked.append(token)
+        return {"sub": "bot", "scope": "s", "exp": time.time() + lives_s[len(checked) - 1]}
+
+    verifier.claims = claims  # type: ignore[method-assign]
+    for _ in range(3):
+        assert (await verifier.principal("token-a")).name == "bot"
+    assert checked == ["token-a"]
+    await verifier.principal("token-b")  # expired by the time it is sent again: checked anew
+    await verifier.principal("token-b")
+    assert checked == ["token-a", "token-b", "token-b"]

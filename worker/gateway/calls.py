@@ -136,7 +136,8 @@ class Calls:
 
     async def hold(self, submitted: Submitted, spec: CallSpec) -> None:
         """Before a client is given a callId to come back with: claim it (if the client did not name it),
-        so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope)."""
+        so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope). Its audit
+        record says `pending`."""
         if spec.call_id is None:
             await self._claim(submitted.call_id, spec)
         self._record(submitted, None)
@@ -150,7 +151,11 @@ class Calls:
 
     async def answer(self, submitted: Submitted, timeout_s: float) -> ToolResult | None:
         """The envelope of a call just submitted; one that a worker just produced shows the fleet is up."""
-        envelope = await self.wait(submitted.call_id, timeout_s)
+        try:
+            envelope = await self.wait(submitted.call_id, timeout_s)
+        except BaseException:  # the client went away (MCP cancellation): the call was taken all the same
+            self._record(submitted, None)
+            raise
         if envelope is not None and submitted.enqueued:
             self.health.answered()
             self._record(submitted, envelope.exit_code)

@@ -32,6 +32,10 @@ from worker.gateway.identity import NOTHING, Grant, OAuthSpec, Principal
 
 log = structlog.get_logger("toolworker.gateway.oauth")
 _REQUIRED_CLAIMS = ["exp", "iss", "aud"]
+# Tokens already verified, kept until they expire (at most this long): an agent sends the same token with
+# every call, and a signature check is most of what a token costs the gateway.
+VERIFIED_MAX_AGE_S = 300.0
+VERIFIED_MAX_TOKENS = 4096
 WELL_KNOWN_RESOURCE_PATH = "/.well-known/oauth-protected-resource"
 
 
@@ -134,10 +138,22 @@ class JwtVerifier:
         self.spec = spec
         self.audience = audience
         self.keys = keys or IssuerKeys(spec)
+        self._verified: dict[str, tuple[Principal, float]] = {}
 
     async def principal(self, token: str) -> Principal:
         """The principal of a valid token; raises InvalidToken."""
-        return self.principal_of(await self.claims(token))
+        known = self._verified.get(token)
+        if known is not None and time.time() < known[1]:
+            return known[0]
+        claims = await self.claims(token)
+        principal = self.principal_of(claims)
+        self._remember(token, principal, min(float(claims["exp"]), time.time() + VERIFIED_MAX_AGE_S))
+        return principal
+
+    def _remember(self, token: str, principal: Principal, until_s: float) -> None:
+        if len(self._verified) >= VERIFIED_MAX_TOKENS:  # the oldest goes (dicts keep insertion order)
+            self._verified.pop(next(iter(self._verified)))
+        self._verified[token] = (principal, until_s)
 
     async def claims(self, token: str) -> dict[str, Any]:
         try:
