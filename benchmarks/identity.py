@@ -14,6 +14,7 @@ rounds (on a shared machine one round says little).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -33,11 +34,15 @@ from benchmarks import gateway, pipeline
 from benchmarks.gateway import CONCURRENCY
 from benchmarks.pipeline import Sample
 from worker.dev.embedded import EmbeddedRedis
+from worker.gateway.identity import OAuthSpec, static_tokens
+from worker.gateway.oauth import JwtVerifier
+from worker.settings import Settings
 
 STATIC_TOKEN = "bench-static-token-0123456789abcdef"
 AUDIENCE = "http://127.0.0.1/mcp"
 KID = "bench-key"
 CASES = ("REST POST /v1/calls", "MCP tools/call (2026-07-28)")
+Measure = Callable[[int, int], Awaitable[Sample]]
 
 
 @contextmanager
@@ -113,18 +118,56 @@ def run(redis_url: str, calls: int, light_calls: int, rounds: int = 3) -> dict[s
             for kind, token in tokens.items()
         ]
         heavy, light = [], []
-        for _ in range(rounds):
+        for turn in range(rounds):
             heavy.append(
-                [gateway._row(f"{case}, 64 in flight", pid, worker_pid, m, calls, CONCURRENCY) for case, m in cases]
+                _round(cases, turn, lambda case, m: gateway._row(case, pid, worker_pid, m, calls, CONCURRENCY))
             )
-            light.append(
-                [gateway._row(f"{case}, 64 in flight", pid, worker_pid, m, light_calls, 1) for case, m in cases]
-            )
+            light.append(_round(cases, turn, lambda case, m: gateway._row(case, pid, worker_pid, m, light_calls, 1)))
     return {
+        "check_us": check_costs(),
         "rounds": rounds,
         "rows": _against_static(_medians(heavy), "calls_per_s"),
         "light_load": _against_static(_medians(light), "p50_ms"),
     }
+
+
+def _round(
+    cases: list[tuple[str, Measure]], turn: int, row: Callable[[str, Measure], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One turn of every case, in the cases' order; within each static/JWT pair the first to run alternates
+    from turn to turn (what runs second meets a warmer or a busier process)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for pair in zip(cases[::2], cases[1::2], strict=True):
+        for case, measure in pair if turn % 2 == 0 else pair[::-1]:
+            rows[case] = row(f"{case}, 64 in flight", measure)
+    return [rows[case] for case, _ in cases]
+
+
+def check_costs(repeats: int = 2000) -> dict[str, float]:
+    """The gateway's verifier on its own, in µs a token: the full check, a token already verified, and a
+    static token's match (for scale)."""
+    with issuer() as (issuer_url, key):
+        spec = OAuthSpec.model_validate(
+            {"issuer": issuer_url, "audience": AUDIENCE, "scopes": {"tools.all": {"tools": ["*"]}}}
+        )
+        verifier = JwtVerifier(spec, AUDIENCE)
+        token = access_token(issuer_url, key)
+        full_s = asyncio.run(_timed(verifier.claims, token, repeats))
+        kept_s = asyncio.run(_timed(verifier.principal, token, repeats * 10))
+    tokens = static_tokens(Settings(gateway_tokens=STATIC_TOKEN), None)
+    started = time.perf_counter()
+    for _ in range(repeats * 10):
+        tokens.match(STATIC_TOKEN.encode())
+    static_s = (time.perf_counter() - started) / (repeats * 10)
+    return {"full_check": round(full_s * 1e6, 1), "kept": round(kept_s * 1e6, 2), "static": round(static_s * 1e6, 2)}
+
+
+async def _timed(check: Callable[[str], Awaitable[Any]], token: str, repeats: int) -> float:
+    await check(token)  # the keys fetched, the token kept
+    started = time.perf_counter()
+    for _ in range(repeats):
+        await check(token)
+    return (time.perf_counter() - started) / repeats
 
 
 def _medians(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -140,7 +183,7 @@ def _medians(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return merged
 
 
-def _measure(case: str, url: str, auth: dict[str, str]) -> Callable[[int, int], Awaitable[Sample]]:
+def _measure(case: str, url: str, auth: dict[str, str]) -> Measure:
     if case.startswith("REST"):
         return lambda n, c: gateway._rest(url, n, c, auth)
     return lambda n, c: gateway._mcp(url, n, c, auth)
@@ -154,8 +197,13 @@ def _against_static(rows: list[dict[str, Any]], figure: str) -> list[dict[str, A
 
 
 def print_section(results: dict[str, Any]) -> None:
+    costs = results["check_us"]
     print(
-        "\nidentity: the same gateway with a static token and with an OAuth access token (RS256 JWT); "
+        f"\nidentity: an access token's check {costs['full_check']} µs, once kept {costs['kept']} µs "
+        f"(a static token's match {costs['static']} µs)"
+    )
+    print(
+        "identity: the same gateway with a static token and with an OAuth access token (RS256 JWT); "
         f"medians of {results['rounds']} rounds"
     )
     print(f"  {'case':<64} {'calls/s':>8} {'p50 ms':>7} {'p95 ms':>7} {'gateway CPU ms/call':>20} {'JWT - static':>13}")
