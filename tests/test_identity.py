@@ -266,3 +266,21 @@ async def test_a_verified_token_is_kept_until_it_expires() -> None:
     await verifier.principal("token-b")  # expired by the time it is sent again: checked anew
     await verifier.principal("token-b")
     assert checked == ["token-a", "token-b", "token-b"]
+
+
+async def test_an_issuer_that_cannot_be_reached_is_503_and_asked_once_an_interval() -> None:
+    """Keys that cannot be fetched are the gateway's trouble, not the token's: 503, and no fetch per request."""
+    spec = OAuthSpec(issuer=ISSUER, jwks_refetch_min_seconds=3600)
+    keys = IssuerKeys(spec)
+
+    def down() -> jwt.PyJWKSet:
+        raise jwt.PyJWKClientConnectionError("connection refused")
+
+    keys._fetch = down  # type: ignore[method-assign]
+    keeper = Gatekeeper(static_tokens(Settings(), None), JwtVerifier(spec, AUDIENCE, keys))
+    parts = (b'{"alg":"RS256","kid":"k1"}', b'{"sub":"x"}', b"signature")
+    token = b".".join(jwt.utils.base64url_encode(part) for part in parts)
+    for _ in range(3):
+        refusal = await keeper.admit(b"Bearer " + token)
+        assert isinstance(refusal, Refusal) and refusal.status == 503
+    assert keys.fetches == 1

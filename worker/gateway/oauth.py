@@ -76,9 +76,14 @@ class IssuerKeys:
         self.fetches = 0
 
     async def key(self, kid: str | None) -> PyJWK:
-        """The key that signed a token (by its `kid`); raises InvalidToken when the issuer has none such."""
-        if self._keys is None or time.monotonic() - self._fetched_at > self._spec.jwks_max_age_seconds:
+        """The key that signed a token (by its `kid`); raises InvalidToken when the issuer has none such,
+        IssuerUnavailable while its keys could never be fetched (tried again at most once an interval)."""
+        if self._keys is None:
+            await self._refresh(min_age_s=self._spec.jwks_refetch_min_seconds)
+        elif time.monotonic() - self._fetched_at > self._spec.jwks_max_age_seconds:
             await self._refresh(min_age_s=0.0)
+        if self._keys is None:
+            raise IssuerUnavailable("The authorization server's keys cannot be fetched.")
         found = self._find(kid)
         if found is None:
             await self._refresh(min_age_s=self._spec.jwks_refetch_min_seconds)
@@ -99,11 +104,9 @@ class IssuerKeys:
                 return
             try:
                 self._keys = await asyncio.to_thread(self._fetch)
-            except (jwt.PyJWKClientError, jwt.PyJWKSetError, ValueError) as exc:
+            except (jwt.PyJWKClientError, jwt.PyJWKSetError, ValueError) as exc:  # the keys kept (if any) serve on
                 log.warning("gateway.jwks_unavailable", issuer=self._spec.issuer, error=str(exc))
-                if self._keys is None:
-                    raise IssuerUnavailable("The authorization server's keys cannot be fetched.") from None
-            self._fetched_at = time.monotonic()
+            self._fetched_at = time.monotonic()  # a failure too: an issuer that is down is not asked every request
             self.fetches += 1
 
     def _fetch(self) -> PyJWKSet:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.gateway.identity import PRINCIPAL_SCOPE_KEY, Principal, StaticTokens
-from worker.gateway.oauth import WELL_KNOWN_RESOURCE_PATH, InvalidToken, JwtVerifier
+from worker.gateway.oauth import WELL_KNOWN_RESOURCE_PATH, InvalidToken, IssuerUnavailable, JwtVerifier
 
 OPEN_PATHS = frozenset({"/healthz"})
 # The request body, as the Guard read it, for the /mcp endpoint to look at (ASGI scopes take custom keys).
@@ -75,6 +75,8 @@ class Gatekeeper:
         if principal is None and self.verifier is not None:
             try:
                 principal = await self.verifier.principal(token.decode("latin-1"))
+            except IssuerUnavailable as exc:  # not the token's fault: the client may try again later
+                return Refusal(503, "unavailable", str(exc), [(b"retry-after", b"10")])
             except InvalidToken as exc:
                 return self._refusal(401, "invalid_token", str(exc), error="invalid_token")
         if principal is None:
