@@ -156,8 +156,8 @@ def oauth_http(stack: IdentityStack, client: OidcClient) -> httpx2.AsyncClient:
 
 
 @asynccontextmanager
-async def mcp_session(stack: IdentityStack, http: httpx2.AsyncClient) -> AsyncIterator[Client]:
-    async with http, Client(streamable_http_client(stack.url + "/mcp", http_client=http)) as client:
+async def mcp_session(stack: IdentityStack, http: httpx2.AsyncClient, url: str | None = None) -> AsyncIterator[Client]:
+    async with http, Client(streamable_http_client((url or stack.url) + "/mcp", http_client=http)) as client:
         yield client
 
 
@@ -453,3 +453,23 @@ def _audit_cli(stack: IdentityStack, *args: str) -> list[dict[str, str]]:
     )
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+async def test_discovery_mode_shows_and_calls_only_granted_tools(identity_stack: IdentityStack) -> None:
+    """In discovery mode the reader's meta-tools list, describe and call only its own tools."""
+    log = identity_stack.gateway.log_path.with_name("gateway-discovery.log")
+    discovery = start_gateway(identity_stack.gateway.env, log, None, "--mode", "discovery")
+    token = identity_stack.oidc.token(READER)
+    try:
+        async with mcp_session(
+            identity_stack, httpx2.AsyncClient(headers=bearer(token), timeout=30), discovery.url
+        ) as client:
+            listed = json.loads(text_of(await client.call_tool("list_tools", {})))
+            schemas = json.loads(text_of(await client.call_tool("get_tool_schema", {"names": ["echo_post", "whoami"]})))
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("call_tool", {"name": "echo_post", "arguments": {"title": "x"}})
+    finally:
+        discovery.stop()
+    assert sorted(row["name"] for row in listed["tools"]) == READ_TOOLS and listed["tags"] == {"echo": 1, "read": 2}
+    assert [tool["name"] for tool in schemas["tools"]] == ["whoami"] and schemas["missing"] == ["echo_post"]
+    assert str(refused.value) == "Unknown tool: echo_post"

@@ -284,3 +284,12 @@ async def test_an_issuer_that_cannot_be_reached_is_503_and_asked_once_an_interva
         refusal = await keeper.admit(b"Bearer " + token)
         assert isinstance(refusal, Refusal) and refusal.status == 503
     assert keys.fetches == 1
+
+
+def test_the_gateway_does_not_start_on_a_bad_access_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A gateway whose access file is wrong exits 78 (configuration) saying what is wrong, before it listens."""
+    from worker.gateway.app import Options, serve
+
+    settings = Settings(gateway_access=_write(tmp_path, "oauth: {issuer: 'http://127.0.0.1:9', algorithms: [none]}"))
+    assert serve(settings, Options(), port=0) == 78
+    assert "algorithms" in capsys.readouterr().err
