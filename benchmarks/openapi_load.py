@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from tests.openapi_gen import generate_spec
-from worker.definitions import catalog, store
+from tests.support.openapi_gen import generate_spec
+from worker.definitions import catalog, file_store
 from worker.definitions.readers.openapi import import_openapi
 
 CASES = ("reference", "light", "schemas", "import")
@@ -62,12 +62,12 @@ def case_function(case: str, spec_file: Path) -> Callable[[], Any]:
             return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
     def light() -> Any:
-        toolset = store.load([definitions], environ={})
+        toolset = file_store.load([definitions], environ={})
         assert len(catalog.list_tools(toolset)) > 0
         return toolset
 
     def schemas() -> Any:
-        toolset = store.load([definitions], environ={})
+        toolset = file_store.load([definitions], environ={})
         for tool in toolset.tools.values():
             assert tool.input_schema["type"] == "object"
         return toolset

@@ -18,8 +18,9 @@ from worker.dev.embedded import EmbeddedRedis
 from worker.settings import get_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# The gateway tests' stack (tests/gateway_stack.py): its fixtures, for every module that asks for them.
-pytest_plugins = ["tests.gateway_stack"]
+# Fixtures of shared stacks, for every module that asks for them: the gateway's (tests/gateway_stack.py)
+# and the fault tests' misbehaving upstreams (tests/support/faults.py).
+pytest_plugins = ["tests.gateway_stack", "tests.support.faults"]
 SECRET_TOKEN = "s3cr3t-env-token-4242"
 
 

@@ -18,12 +18,13 @@ from tests.servers import ServerThread
 from worker import errors
 from worker.call.auth import TokenCache, authorize
 from worker.call.rendering import render
+from worker.definitions.file_store import unset_settings
 from worker.definitions.model import RequestTemplate, Source, Tool, ToolSet, Upstream
 from worker.definitions.readers.openapi import import_openapi
 from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
-from worker.definitions.store import unset_settings
 from worker.dev.embedded import free_port
 from worker.http.oauth import Token, TokenRequest, fetch_token
+from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall
 
 ENVIRON = {"API_TOKEN": "tok-1234567", "API_USER": "ada", "API_PASSWORD": "pw-98765", "API_KEY": "key-abcdef"}
@@ -38,7 +39,11 @@ def upstream(auth: dict[str, Any], **extra: Any) -> Upstream:
 async def authorized(up: Upstream, headers: dict[str, str] | None = None, tokens: TokenCache | None = None) -> Any:
     call = ToolCall.model_validate({"callId": "c1", "tool": "get_item", "headers": headers or {}})
     request = render(TOOL, up, {}, call.headers, ENVIRON)
-    authed, _ = await authorize(request, up, call, ENVIRON, tokens or TokenCache(None), time.time() + 10)
+    transport = HttpTransport()
+    try:
+        authed, _ = await authorize(request, up, call, ENVIRON, tokens or TokenCache(None), time.time() + 10, transport)
+    finally:
+        await transport.close()
     return authed
 
 
@@ -143,20 +148,83 @@ async def test_a_refused_token_is_replaced_once_for_everyone() -> None:
     assert renewed == ["token-2", "token-2"] and fetch.count == 2
 
 
+class Clock:
+    """Wall-clock time that moves only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def test_a_token_is_refreshed_ahead_of_its_expiry() -> None:
-    """Past four fifths of its lifetime a token is replaced, once, before it expires."""
-    cache, fetch = TokenCache(fakeredis.aioredis.FakeRedis()), Fetches(0.5)
-    assert await cache.token("k", fetch, time.time() + 5) == "token-1"
-    await asyncio.sleep(0.42)  # refresh time passed, not the expiry
-    assert await cache.token("k", fetch, time.time() + 5) == "token-2"
-    assert await cache.token("k", fetch, time.time() + 5) == "token-2" and fetch.count == 2
+    """Past four fifths of its lifetime a token is replaced, once, before it expires; not a moment before."""
+    clock, fetch = Clock(), Fetches(60)
+    cache = TokenCache(fakeredis.aioredis.FakeRedis(), clock)
+    assert await cache.token("k", fetch, clock.now + 5) == "token-1"
+    clock.now += 47.9  # short of the refresh point (48 s of 60)
+    assert await cache.token("k", fetch, clock.now + 5) == "token-1"
+    clock.now += 0.2  # past it, well before the expiry
+    assert await cache.token("k", fetch, clock.now + 5) == "token-2"
+    assert await cache.token("k", fetch, clock.now + 5) == "token-2" and fetch.count == 2
+
+
+@pytest.mark.timeout(10)
+async def test_a_worker_waits_for_another_ones_fetch_until_its_deadline() -> None:
+    """While another worker holds the fetch and no usable token exists, a call waits until its deadline on
+    the cache's clock (an hour ahead of the machine's here), then times out."""
+    shared, clock = fakeredis.aioredis.FakeRedis(), Clock()
+    clock.now += 3600
+    await shared.set("k:lock", "1")  # another worker is fetching
+    cache = TokenCache(shared, clock)
+
+    async def never() -> Token:
+        raise AssertionError("the lock holder fetches, not this worker")
+
+    with pytest.raises(errors.TimedOut, match="access token"):
+        await cache.token("k", never, clock.now - 1)
+
+
+async def fetched(request: TokenRequest) -> Token:
+    """One token request through a transport of its own."""
+    transport = HttpTransport()
+    try:
+        return await fetch_token(transport, request)
+    finally:
+        await transport.close()
+
+
+def test_a_token_endpoint_that_redirects_is_refused_and_the_secret_goes_nowhere_else() -> None:
+    """A redirect from the token endpoint is a configuration error (78); the client secret is never sent
+    to the redirect's target, not even on the same host."""
+    seen: list[bytes] = []
+
+    async def token(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect("/elsewhere")  # 307: a client following it would send the form again
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        return web.json_response({"access_token": "t", "expires_in": 60})
+
+    app = web.Application()
+    app.router.add_post("/token", token)
+    app.router.add_post("/elsewhere", elsewhere)
+    server = ServerThread(app).start()
+    try:
+        form = {"grant_type": "client_credentials", "client_secret": "s3cr3t-x"}
+        with pytest.raises(errors.ToolMisconfigured, match="redirect") as raised:
+            asyncio.run(fetched(TokenRequest(server.url + "/token", form, None, 5, True)))
+    finally:
+        server.stop()
+    assert seen == [] and "s3cr3t-x" not in raised.value.message
 
 
 async def test_the_token_endpoint_down_is_unavailable_69() -> None:
     """Nothing listening at the token URL is exit 69, with no secret in the message."""
     request = TokenRequest(f"http://127.0.0.1:{free_port()}/token", {"client_secret": "s3cr3t-x"}, None, 2, True)
     with pytest.raises(errors.UpstreamUnavailable) as raised:
-        await fetch_token(request)
+        await fetched(request)
     assert "s3cr3t-x" not in raised.value.message
 
 
@@ -172,7 +240,7 @@ def test_token_endpoint_refusals(status: int, error: type[errors.ToolError]) -> 
     server = ServerThread(app).start()
     try:
         with pytest.raises(error):
-            asyncio.run(fetch_token(TokenRequest(server.url + "/token", {}, ("id", "secret"), 5, True)))
+            asyncio.run(fetched(TokenRequest(server.url + "/token", {}, ("id", "secret"), 5, True)))
     finally:
         server.stop()
 

@@ -14,6 +14,7 @@ import redis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer
+from tests.support.waiting import wait_until
 from worker.client import AsyncToolClient
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, ROUTES_KEY
 from worker.dev.embedded import EmbeddedRedis
@@ -44,7 +45,7 @@ def test_slow_upstream_has_its_own_queue(stack: tuple[str, dict[str, str]], tmp_
     """Calls to a queued upstream wait on that queue while other tools are served; its own worker drains it."""
     url, env = stack
     r = redis.Redis.from_url(url)
-    assert wait_until(lambda: r.hget(ROUTES_KEY, "slow_call") == b"slowlane")
+    wait_until(lambda: r.hget(ROUTES_KEY, "slow_call") == b"slowlane", what="the routes written")
 
     async def scenario() -> tuple[list[int], int, float]:
         slow = [asyncio.create_task(_call(url, "slow_call", {"delay": 0.1}, 30)) for _ in range(5)]
@@ -82,19 +83,10 @@ def test_poison_messages_are_dead_lettered(stack: tuple[str, dict[str, str]]) ->
         "properties": {"delivery_tag": "p-2", "delivery_info": {"exchange": "", "routing_key": "toolcalls"}},
     }
     r.lpush(DEFAULT_QUEUE, json.dumps(undecodable), json.dumps(unknown))
-    assert wait_until(lambda: r.llen(DEAD_LETTER_KEY) == 2)
+    wait_until(lambda: r.llen(DEAD_LETTER_KEY) == 2, what="two dead letters")
     entries = [json.loads(e) for e in r.lrange(DEAD_LETTER_KEY, 0, -1)]
     reasons = sorted(e["reason"] for e in entries)
     assert reasons == ["undecodable message", "unknown task 'not.a.task'"]
     assert "hide-me-123" not in json.dumps(entries)
     assert asyncio.run(_call(url, "fast_echo", {}, 10)) == 0
     r.close()
-
-
-def wait_until(predicate: object, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False

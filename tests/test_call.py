@@ -19,17 +19,18 @@ from structlog.typing import Processor
 from yarl import URL
 
 from worker import errors, logs
+from worker.call import shaping
 from worker.call.admission import Turn
+from worker.call.job import Answer, Job
 from worker.call.run import run_call
 from worker.call.runtime import TURNS_PER_CONNECTION, Runtime
-from worker.call.shaping import shape_result
-from worker.constants import MAX_ARGUMENTS_BYTES, REDACTED
+from worker.constants import MAX_ARGUMENTS_BYTES, MAX_ARGUMENTS_DEPTH, REDACTED
+from worker.definitions.file_store import load
 from worker.definitions.model import ToolSet
 from worker.definitions.model import Upstream as UpstreamDef
-from worker.definitions.store import load
 from worker.definitions.templates import Template
 from worker.envelope import ToolResult
-from worker.http.transport import Limits, PreparedRequest, RedirectCheck, Response
+from worker.http.transport import Limits, PoolSpec, PreparedRequest, RedirectCheck, Response
 from worker.protocol import ToolCall, parse_call
 
 ENV_SECRET = "env-secret-token-31337"
@@ -107,7 +108,7 @@ class FakeTransport:
     async def send(
         self,
         request: PreparedRequest,
-        upstream: UpstreamDef,
+        pool: PoolSpec,
         limits: Limits,
         check_redirect: RedirectCheck,
         trusted_origin: URL | None,
@@ -486,16 +487,16 @@ def test_log_keys_that_name_a_secret_are_redacted_at_any_depth() -> None:
         }
 
 
-# --- shape_result ------------------------------------------------------------------------------
+# --- shaping the envelope -----------------------------------------------------------------------
 
 
 def shaped(
     toolset: ToolSet, resp: Response, tool: str = "ticket_lookup", secrets: frozenset[str] = frozenset()
 ) -> ToolResult:
-    envelope = ToolResult(call_id="c", tool=tool)
     definition = toolset.tools[tool]
-    shape_result(envelope, resp, definition, toolset.upstreams[definition.upstream], secrets)
-    return envelope
+    job = Job(ToolCall(callId="c", tool=tool), definition, toolset.upstreams[definition.upstream], {}, 0.0)
+    request = PreparedRequest("GET", "http://upstream.test/x", (), None, secrets, frozenset())
+    return shaping.envelope(job, Answer(request, resp, attempts=1))
 
 
 def test_result_cut_to_max_output_chars(toolset: ToolSet) -> None:
@@ -536,10 +537,12 @@ def test_transform_applied(toolset: ToolSet) -> None:
 
 
 def test_transform_on_incomplete_body_is_exit_63(toolset: ToolSet) -> None:
-    """A transform needs the whole body: an incomplete one is ResponseTooLarge (exit 63)."""
-    with pytest.raises(errors.ResponseTooLarge) as info:
-        shaped(toolset, response(body=b'{"status": "op', complete=False), tool="ticket_status")
-    assert info.value.exit_code == 63
+    """A transform needs the whole body: an incomplete one is ResponseTooLarge (exit 63), and the envelope
+    still describes the request that was sent."""
+    envelope = shaped(toolset, response(body=b'{"status": "op', complete=False), tool="ticket_status")
+    assert envelope.exit_code == errors.ResponseTooLarge.exit_code == 63
+    assert envelope.error is not None and envelope.error["type"] == errors.ResponseTooLarge.type
+    assert envelope.url == "http://upstream.test/x" and envelope.attempts == 1
 
 
 async def test_transform_on_incomplete_body_envelope(run: Any) -> None:
@@ -698,3 +701,29 @@ async def test_a_turn_wait_past_the_deadline_reports_no_negative_time() -> None:
     with pytest.raises(errors.TimedOut) as raised:
         await turn.take()
     assert "waited 0 seconds" in raised.value.message
+
+
+def nested_object(depth: int) -> dict[str, Any]:
+    """`depth` levels of objects, the outermost included."""
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"inner": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_ARGUMENTS_DEPTH + 1, 600, 100_000])
+async def test_arguments_nested_too_deep_are_exit_65(run: Any, depth: int) -> None:
+    """Arguments nested past MAX_ARGUMENTS_DEPTH are exit 65 saying so, whatever the depth (no
+    RecursionError, no 70), and nothing is sent."""
+    arguments = {"ticket_id": "T-1", **nested_object(depth)}  # `depth` levels in all
+    envelope, transport = await run({"tool": "ticket_lookup", "arguments": arguments})
+    assert envelope.exit_code == 65 and envelope.error is not None
+    assert f"more than {MAX_ARGUMENTS_DEPTH} levels deep" in envelope.error["message"]
+    assert transport.requests == []
+
+
+async def test_arguments_nested_to_the_limit_are_not_refused_for_their_depth(run: Any) -> None:
+    """Exactly MAX_ARGUMENTS_DEPTH levels is allowed (the schema then has its say)."""
+    arguments = {"ticket_id": "T-1", **nested_object(MAX_ARGUMENTS_DEPTH)}
+    envelope, _ = await run({"tool": "ticket_lookup", "arguments": arguments})
+    assert envelope.error is None or "levels deep" not in envelope.error["message"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from worker.definitions import catalog, store
+from worker.definitions import catalog, file_store
 from worker.definitions.model import ToolSet
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openapi"
@@ -69,7 +69,7 @@ def toolset(tmp_path: Path) -> ToolSet:
         "openapi:\n  - {upstream: petstore, spec: petstore.yaml}\n  - {upstream: trees, spec: recursive.yaml}\n",
         encoding="utf-8",
     )
-    loaded = store.load([tmp_path / "native.yaml", tmp_path / "specs.yaml"], environ={})
+    loaded = file_store.load([tmp_path / "native.yaml", tmp_path / "specs.yaml"], environ={})
     assert loaded.problems == []
     return loaded
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from worker import cli
-from worker.definitions import store
+from worker.definitions import file_store
+from worker.definitions.file_store import SUFFIXES
 from worker.definitions.model import Problem, Source, ToolSet
-from worker.definitions.store import SUFFIXES
 
 DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
 REPO_FILES = sorted(p for p in DEFINITIONS.rglob("*") if p.suffix in SUFFIXES and p.is_file())
@@ -65,7 +65,7 @@ def assert_problem(toolset: ToolSet, path: Path, line: int, *words: str) -> Prob
 @pytest.mark.parametrize("path", REPO_FILES, ids=[str(p.relative_to(DEFINITIONS)) for p in REPO_FILES])
 def test_repo_definitions_load_without_problems(path: Path) -> None:
     """Every example definitions file in the repository loads with tools and no problems."""
-    toolset = store.load([path], environ={})
+    toolset = file_store.load([path], environ={})
     assert toolset.problems == []
     assert toolset.unusable == {}
     assert toolset.tools
@@ -73,7 +73,7 @@ def test_repo_definitions_load_without_problems(path: Path) -> None:
 
 def test_repo_definitions_folder_loads_as_a_whole() -> None:
     """The whole `definitions/` folder loads together without problems (no duplicates across files)."""
-    toolset = store.load([DEFINITIONS], environ={})
+    toolset = file_store.load([DEFINITIONS], environ={})
     assert [str(p) for p in toolset.problems] == []
 
 
@@ -94,7 +94,7 @@ def test_yaml_syntax_error_has_file_and_line(tmp_path: Path) -> None:
     good = write(
         tmp_path, "good.yaml", UPSTREAM.replace("api:", "other:") + "tools:\n" + GOOD_TOOL.replace("api", "other")
     )
-    toolset = store.load([tmp_path], environ={})
+    toolset = file_store.load([tmp_path], environ={})
     assert len(problems_for(toolset, bad)) == 1
     assert problems_for(toolset, bad)[0].source.line == line_of(bad, "upstream: api: nope")
     assert problems_for(toolset, good) == []
@@ -104,7 +104,7 @@ def test_yaml_syntax_error_has_file_and_line(tmp_path: Path) -> None:
 def test_json_syntax_error_has_file_and_line(tmp_path: Path) -> None:
     """A JSON syntax error is reported with the file and the line of the error."""
     bad = write(tmp_path, "bad.json", '{\n  "upstreams": {},\n  "tools": [\n    {"name": "x",}\n  ]\n}\n')
-    toolset = store.load([bad], environ={})
+    toolset = file_store.load([bad], environ={})
     assert len(toolset.problems) == 1
     assert toolset.problems[0].source == Source(str(bad), 4)
 
@@ -199,7 +199,7 @@ def tools_file(tmp_path: Path, *tools: str, name: str = "tools.yaml") -> Path:
 def test_tool_problem_has_file_and_line(tmp_path: Path, tool: str, needle: str, words: list[str]) -> None:
     """Each kind of broken tool is reported once, with its file and the line of the offending node."""
     path = tools_file(tmp_path, GOOD_TOOL, tool)
-    toolset = store.load([path], environ={})
+    toolset = file_store.load([path], environ={})
     assert len(problems_for(toolset, path)) == 1, [str(p) for p in toolset.problems]
     assert_problem(toolset, path, line_of(path, needle), *words)
     assert "good" in toolset.tools
@@ -214,7 +214,7 @@ def test_broken_tool_is_unusable_and_the_others_load(tmp_path: Path, kind: str) 
     """A broken tool is listed in `unusable` (exit 78 when called) while valid tools of the file load."""
     tool, _, _ = TOOL_PROBLEMS[kind]
     path = tools_file(tmp_path, GOOD_TOOL, tool)
-    toolset = store.load([path], environ={})
+    toolset = file_store.load([path], environ={})
     assert set(toolset.tools) == {"good"}
     assert "broken" in toolset.unusable
     assert toolset.unusable["broken"]
@@ -224,7 +224,7 @@ def test_duplicate_tool_name_across_files(tmp_path: Path) -> None:
     """A tool name defined in two files is a problem naming the tool, with file and line."""
     first = tools_file(tmp_path, GOOD_TOOL, name="a.yaml")
     second = write(tmp_path, "b.yaml", "tools:\n" + GOOD_TOOL)
-    toolset = store.load([tmp_path], environ={})
+    toolset = file_store.load([tmp_path], environ={})
     duplicates = [p for p in toolset.problems if "good" in p.message and "duplicate" in p.message.lower()]
     assert len(duplicates) == 1, [str(p) for p in toolset.problems]
     problem = duplicates[0]
@@ -236,7 +236,7 @@ def test_duplicate_tool_name_across_files(tmp_path: Path) -> None:
 def test_duplicate_tool_name_in_one_file(tmp_path: Path) -> None:
     """A tool name used twice in one file is reported at the second definition."""
     path = tools_file(tmp_path, GOOD_TOOL, GOOD_TOOL)
-    toolset = store.load([path], environ={})
+    toolset = file_store.load([path], environ={})
     second_line = [n for n, line in enumerate(path.read_text().splitlines(), 1) if "name: good" in line][1]
     assert_problem(toolset, path, second_line, "good")
 
@@ -245,7 +245,7 @@ def test_every_problem_of_a_file_is_reported(tmp_path: Path) -> None:
     """All problems of a file are reported at once, each at its own line, not just the first."""
     tools = [tool.replace("broken", f"broken{i}") for i, (tool, _, _) in enumerate(TOOL_PROBLEMS.values())]
     path = tools_file(tmp_path, GOOD_TOOL, *tools)
-    toolset = store.load([path], environ={})
+    toolset = file_store.load([path], environ={})
     for i, (_, needle, words) in enumerate(TOOL_PROBLEMS.values()):
         assert_problem(toolset, path, line_of(path, needle.replace("broken", f"broken{i}")), *words)
     assert set(toolset.tools) == {"good"}
@@ -262,7 +262,7 @@ def test_two_problems_of_one_tool_are_both_reported(tmp_path: Path) -> None:
           request: {path: "/items/${item_id}"}
         """,
     )
-    toolset = store.load([path], environ={})
+    toolset = file_store.load([path], environ={})
     messages = " | ".join(p.message for p in problems_for(toolset, path))
     assert "nowhere" in messages and "item_id" in messages
 
@@ -270,14 +270,14 @@ def test_two_problems_of_one_tool_are_both_reported(tmp_path: Path) -> None:
 def test_unknown_key_in_an_upstream(tmp_path: Path) -> None:
     """A typo in an upstream is reported at its line."""
     path = write(tmp_path, "u.yaml", "upstreams:\n  api:\n    base_url: https://x.example\n    timeout_secs: 3\n")
-    toolset = store.load([path], environ={})
+    toolset = file_store.load([path], environ={})
     assert_problem(toolset, path, 4, "timeout_secs")
 
 
 def test_cli_validate_prints_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`toolworker validate PATH` exits non-zero and prints each problem with file and line to stderr."""
     path = tools_file(tmp_path, GOOD_TOOL, *(tool for tool, _, _ in TOOL_PROBLEMS.values()))
-    expected = [str(p) for p in store.load([path], environ={}).problems]
+    expected = [str(p) for p in file_store.load([path], environ={}).problems]
     assert len(expected) >= len(TOOL_PROBLEMS)
     code = cli.main(["validate", str(path)])
     err = capsys.readouterr().err

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
+from tests.support.prometheus import deploy_check
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 
-def _load_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deploy_check", DEPLOY / "check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load_check()
+check = deploy_check()
 
 
 def test_names_come_from_the_syntax_tree() -> None:

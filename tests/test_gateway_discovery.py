@@ -22,9 +22,9 @@ from mcp.shared.subscriptions import ToolsListChanged
 
 from tests.conftest import start_worker, stop_worker, worker_env
 from tests.gateway_stack import DEFINITIONS, Gateway, auth, gateway_env, start_gateway, wait_listening
-from tests.openapi_gen import write_spec
 from tests.servers import DnsServer, ServerThread, UpstreamState, make_upstream
-from worker.definitions import shared
+from tests.support.openapi_gen import write_spec
+from worker.definitions import redis_store as shared
 from worker.dev.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -34,6 +34,7 @@ from tests.gateway_stack import DEFINITIONS, TOKEN, Gateway, Recorder, gateway_e
 from tests.gateway_stack import wait_listening as wait_gateway
 from tests.servers import DnsServer, ServerThread, UpstreamState
 from tests.support.oidc import OidcClient, OidcServer, SigningKey
+from tests.support.waiting import wait_until
 from worker.constants import AUDIT_STREAM_KEY
 from worker.dev.embedded import EmbeddedRedis, free_port
 
@@ -378,13 +379,12 @@ def _worker_events(stack: IdentityStack, call_id: str) -> list[dict[str, Any]]:
 
 
 def _finished(stack: IdentityStack, call_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        found = [e for e in _worker_events(stack, call_id) if e.get("event") == "call.finished"]
-        if found:
-            return found[0]
-        time.sleep(0.05)  # the worker writes its log line after it published the envelope
-    raise AssertionError(f"no call.finished for {call_id}")
+    def found() -> list[dict[str, Any]]:
+        return [e for e in _worker_events(stack, call_id) if e.get("event") == "call.finished"]
+
+    # The worker writes its log line after it published the envelope.
+    wait_until(found, what=f"the worker's call.finished for {call_id}")
+    return found()[0]
 
 
 def test_the_principal_and_tenant_reach_the_worker(identity_stack: IdentityStack) -> None:
@@ -437,13 +437,13 @@ def test_the_audit_trail_has_one_record_per_call_and_no_secret(identity_stack: I
 
 
 def _records(client: redis.Redis, call_ids: list[str]) -> list[dict[str, str]]:
-    deadline = time.monotonic() + 10
-    while True:
+    def mine() -> list[dict[str, str]]:
         entries = [{k.decode(): v.decode() for k, v in raw.items()} for _, raw in client.xrange(AUDIT_STREAM_KEY)]
-        mine = [e for e in entries if e["callId"] in call_ids]
-        if len(mine) >= len(call_ids) or time.monotonic() > deadline:
-            return mine
-        time.sleep(0.05)  # written on the loop tick after the answer
+        return [e for e in entries if e["callId"] in call_ids]
+
+    # Written on the loop tick after the answer; more than one a call fails the caller's assertion.
+    wait_until(lambda: len(mine()) >= len(call_ids), what="the calls' audit records")
+    return mine()
 
 
 def _audit_cli(stack: IdentityStack, *args: str) -> list[dict[str, str]]:

@@ -21,8 +21,7 @@ from worker.gateway.headers import forwarded
 from worker.gateway.identity import static_tokens
 from worker.gateway.mcp import _decode_cursor, _encode_cursor, result_text, tool_result
 from worker.gateway.security import Gatekeeper, Guard
-from worker.gateway.withdraw import _without
-from worker.protocol import task_message
+from worker.protocol import task_message, without_call
 from worker.settings import Settings
 
 pytestmark = pytest.mark.timeout(30)
@@ -95,12 +94,12 @@ def test_withdrawal_edits_only_its_call() -> None:
     """A lone call's message goes; a batch loses that call only; a message without it is left."""
     lone = task_message("a", [{"callId": "a", "tool": "t"}], "q", TASK_EXECUTE).encode()
     batch = task_message("b", [[{"callId": "a", "tool": "t"}, {"callId": "b", "tool": "t"}]], "q", TASK_EXECUTE_BATCH)
-    assert _without(lone, "a") == (True, None)
-    found, rest = _without(batch.encode(), "a")
+    assert without_call(lone, "a") == (True, None)
+    found, rest = without_call(batch.encode(), "a")
     assert found and rest is not None and [c["callId"] for c in _calls_of(rest)] == ["b"]
     assert '"a"' not in json.loads(rest)["headers"]["argsrepr"]
-    assert _without(lone, "zz") == (False, None)
-    assert _without(b"not json", "a") == (False, None)
+    assert without_call(lone, "zz") == (False, None)
+    assert without_call(b"not json", "a") == (False, None)
 
 
 def test_discovery_meta_tools_check_their_arguments() -> None:

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from worker.call.http_request import http_request_tool, render_http_request
+from worker.call.http_request import render_http_request
 from worker.constants import HTTP_REQUEST_TOOL, REDACTED
+from worker.definitions.builtin import http_request_tool
 from worker.errors import EgressBlocked, InvalidArguments, MalformedURL, ToolError
 from worker.http.egress import EgressPolicy
 from worker.http.transport import PreparedRequest

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from worker.definitions.file_store import load
 from worker.definitions.jolt import SUPPORTED_OPERATIONS, jolt_transform
-from worker.definitions.store import load
 from worker.definitions.transforms import TransformError
 
 

@@ -7,9 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,17 +15,15 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer
+from tests.support.prometheus import deploy_check, scrape, wait_for_sample
 from worker import metrics
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.envelope import ToolResult
-
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _tool() -> str:
@@ -41,17 +37,6 @@ def _value(name: str, **labels: str) -> float:
 
 def _envelope(tool: str, exit_code: int = 0, **fields: object) -> ToolResult:
     return ToolResult(call_id=str(uuid.uuid4()), tool=tool, exit_code=exit_code, **fields)
-
-
-def _scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """GET /metrics on 127.0.0.1 and index the samples by name and labels."""
-    with _NO_PROXY.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_observe_call_counts_by_tool_upstream_and_exit_code() -> None:
@@ -168,13 +153,13 @@ def test_metrics_server_serves_and_closes() -> None:
     server = metrics.start_metrics_server(free_port(), "127.0.0.1")
     assert server is not None
     try:
-        samples = _scrape(server.port)
+        samples = scrape(server.port)
         key = frozenset({"tool": tool, "upstream": "crm", "exit_code": "0"}.items())
         assert samples[("toolworker_calls_total", key)] == 1
     finally:
         server.close()
     with pytest.raises(urllib.error.URLError):
-        _scrape(server.port)
+        scrape(server.port)
 
 
 def test_port_in_use_is_a_warning_not_a_crash() -> None:
@@ -223,7 +208,7 @@ def test_multiprocess_mode_adds_up_processes(tmp_path: Path, monkeypatch: pytest
         env = {**os.environ, metrics.MULTIPROC_DIR_ENV: str(directory)}
         tool = _tool()
         pids = [_run_child(env, tool, "open"), _run_child(env, tool, "closed")]
-        samples = _scrape(server.port)
+        samples = scrape(server.port)
         labels = {"tool": tool, "upstream": "crm"}
         assert samples[("toolworker_calls_total", frozenset({**labels, "exit_code": "0"}.items()))] == 2
         assert samples[("toolworker_retries_total", frozenset(labels.items()))] == 2
@@ -232,7 +217,7 @@ def test_multiprocess_mode_adds_up_processes(tmp_path: Path, monkeypatch: pytest
         assert samples[("toolworker_circuit_state", frozenset({"upstream": f"crm-{tool}"}.items()))] == 2
         for pid in pids:
             metrics.process_exited(pid)
-        samples = _scrape(server.port)
+        samples = scrape(server.port)
         assert ("toolworker_calls_in_flight", frozenset(labels.items())) not in samples
         assert samples[("toolworker_calls_total", frozenset({**labels, "exit_code": "0"}.items()))] == 2
     finally:
@@ -257,21 +242,6 @@ def metrics_worker(
         redis.stop()
 
 
-def _wait_for_sample(port: int, key: tuple[str, frozenset[tuple[str, str]]], at_least: float) -> float:
-    """Scrape until the sample reaches `at_least` (bounded: 20 s)."""
-    deadline = time.monotonic() + 20
-    value = 0.0
-    while time.monotonic() < deadline:
-        try:
-            value = _scrape(port).get(key, 0.0)
-        except OSError:  # the worker is not serving yet
-            value = 0.0
-        if value >= at_least:
-            return value
-        time.sleep(0.2)
-    return value
-
-
 @pytest.mark.integration
 def test_worker_serves_metrics_after_real_calls(metrics_worker: tuple[str, int]) -> None:
     """A real worker's /metrics counts real calls by tool, upstream and exitCode, and a truncation."""
@@ -284,10 +254,10 @@ def test_worker_serves_metrics_after_real_calls(metrics_worker: tuple[str, int])
     assert [r.exit_code for r in results] == [0, 0, 0, 22, 0, 64]
     local = {"upstream": "local"}
     ok = ("toolworker_calls_total", frozenset({**local, "tool": "echo_get", "exit_code": "0"}.items()))
-    assert _wait_for_sample(port, ok, 3) == 3
+    assert wait_for_sample(port, ok, 3) == 3
     truncated = ("toolworker_truncated_results_total", frozenset({**local, "tool": "huge"}.items()))
-    assert _wait_for_sample(port, truncated, 1) == 1
-    samples = _scrape(port)
+    assert wait_for_sample(port, truncated, 1) == 1
+    samples = scrape(port)
     assert samples[("toolworker_calls_total", frozenset({**local, "tool": "status", "exit_code": "22"}.items()))] == 1
     assert samples[("toolworker_call_duration_seconds_count", frozenset({**local, "tool": "echo_get"}.items()))] == 3
     unresolved = {"tool": metrics.UNRESOLVED_TOOL, "upstream": metrics.NO_UPSTREAM, "exit_code": "64"}
@@ -299,18 +269,16 @@ def test_worker_serves_metrics_after_real_calls(metrics_worker: tuple[str, int])
 def test_the_deploy_check_knows_every_series_a_real_worker_serves(metrics_worker: tuple[str, int]) -> None:
     """deploy/check.py derives the exported series from the metric definitions: a real worker's /metrics,
     after calls that set most of them, serves no toolworker series it does not know."""
-    from tests.test_deploy import check
-
     redis_url, port = metrics_worker
     with ToolClient(redis_url) as client:
         results = [client.call(tool, arguments, timeout=60) for tool, arguments in CALLS_FOR_EVERY_METRIC]
     assert [r.exit_code for r in results] == [0, 22, 0]
     truncated = frozenset({"upstream": "local", "tool": "huge"}.items())
-    assert _wait_for_sample(port, ("toolworker_truncated_results_total", truncated), 1) >= 1
-    served = {name for name, _ in _scrape(port) if name.startswith("toolworker_")}
+    assert wait_for_sample(port, ("toolworker_truncated_results_total", truncated), 1) >= 1
+    served = {name for name, _ in scrape(port) if name.startswith("toolworker_")}
     assert {"toolworker_calls_total", "toolworker_call_duration_seconds_bucket", "toolworker_queue_depth"} <= served
     assert {"toolworker_truncated_results_total", "toolworker_queue_in_flight"} <= served
-    assert served <= check.exported_series()
+    assert served <= deploy_check().exported_series()
 
 
 CALLS_FOR_EVERY_METRIC = [("echo_get", {"item": "d"}), ("status", {"code": 404}), ("huge", {"mb": 2})]

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from tests.openapi_gen import generate_spec, write_spec
+from tests.support.openapi_gen import generate_spec, write_spec
 from worker.call.rendering import PreparedRequest, render
-from worker.definitions import catalog, store
+from worker.definitions import catalog, file_store
 from worker.definitions.model import Problem, ToolSet
 from worker.definitions.readers import parse_file
 from worker.definitions.readers.openapi import (
@@ -50,7 +50,7 @@ def specs(tmp_path: Path) -> Path:
 def load(folder: Path, definitions: str, name: str = "tools.yaml") -> ToolSet:
     file = folder / name
     file.write_text(definitions, encoding="utf-8")
-    return store.load([file], environ={})
+    return file_store.load([file], environ={})
 
 
 def entry(folder: Path, spec: str, upstream: str = "api", extra: str = "") -> ToolSet:
@@ -457,7 +457,7 @@ def test_swagger_file_upload_is_unusable(swagger: ToolSet) -> None:
 
 def test_a_spec_of_1000_operations_loads_without_building_schemas(tmp_path: Path) -> None:
     """1,000 operations load as tools; listing and searching them builds no input schema."""
-    toolset = store.load([write_spec(tmp_path, 1000)], environ={})
+    toolset = file_store.load([write_spec(tmp_path, 1000)], environ={})
     assert toolset.problems == []
     assert len(toolset.tools) == 1000
     assert len(catalog.list_tools(toolset)) == 1000
@@ -492,7 +492,7 @@ def test_imported_documents_render_the_same_requests(specs: Path, spec: str) -> 
     """The native document from import_openapi, loaded by the store, renders what the entry renders."""
     document = import_openapi(specs / spec, "api", None, [])
     (specs / "imported.yaml").write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    imported = store.load([specs / "imported.yaml"], environ={})
+    imported = file_store.load([specs / "imported.yaml"], environ={})
     direct = entry(specs, spec)
     assert imported.problems == []
     assert set(imported.tools) == set(direct.tools)

@@ -10,9 +10,9 @@ import pytest
 
 from worker import constants
 from worker.call.rendering import render
+from worker.definitions.file_store import load
 from worker.definitions.model import ToolSet
 from worker.definitions.readers import parse_file, readers
-from worker.definitions.store import load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kind_http"
 ENVIRON = {"SUPPORT_TOKEN": "support-token-1234", "CRM_KEY": "crm-key-5678"}

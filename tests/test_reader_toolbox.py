@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 
 from worker.call.rendering import render
+from worker.definitions.file_store import load
 from worker.definitions.model import ToolSet
 from worker.definitions.readers import Document, parse_file, readers
 from worker.definitions.readers.toolbox import (
@@ -22,7 +23,6 @@ from worker.definitions.readers.toolbox import (
     substitutor_text,
     upstream_url_variable,
 )
-from worker.definitions.store import load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "toolbox"
 ENVIRON = {

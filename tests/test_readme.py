@@ -135,12 +135,12 @@ def test_documented_settings_exist() -> None:
 
 def test_native_yaml_example_loads(tmp_path: Path) -> None:
     """The README's native-format example is a valid definitions file."""
-    from worker.definitions import store
+    from worker.definitions import file_store
 
     [block] = [b for b in code_blocks("yaml") if "upstreams:" in b and "ticket_lookup" in b]
     path = tmp_path / "example.yaml"
     path.write_text(block)
-    toolset = store.load([path], {"SUPPORT_TOKEN": "t"})
+    toolset = file_store.load([path], {"SUPPORT_TOKEN": "t"})
     assert toolset.problems == []
     assert set(toolset.tools) == {"ticket_lookup"}
     upstream = toolset.upstreams["support"]
@@ -149,12 +149,12 @@ def test_native_yaml_example_loads(tmp_path: Path) -> None:
 
 def test_authentication_example_loads(tmp_path: Path) -> None:
     """The README's authentication example is a valid definitions file, with one upstream per auth type."""
-    from worker.definitions import store
+    from worker.definitions import file_store
 
     [block] = [b for b in code_blocks("yaml") if "oauth2_client_credentials" in b and "per_call_header" in b]
     path = tmp_path / "auth.yaml"
     path.write_text(block)
-    toolset = store.load([path], {})
+    toolset = file_store.load([path], {})
     assert toolset.problems == []
     kinds = {name: upstream.auth.type for name, upstream in toolset.upstreams.items() if upstream.auth}
     assert sorted(kinds.values()) == ["api_key", "basic", "bearer", "bearer", "oauth2_client_credentials"]

@@ -20,24 +20,22 @@ from celery import Celery
 
 from tests.conftest import start_worker
 from tests.servers import DnsServer
-from tests.test_faults import (  # the fault tests' upstreams are this module's fixtures too
+from tests.support.faults import (
     FAULTS,
     FaultUpstream,
     RawServer,
     Stack,
     enqueue,
-    fault_upstream,
     holdings,
     make_call,
     make_stack,
     per_call,
-    raw_upstream,
     report,
     stream_envelopes,
     wait_for_envelopes,
-    wait_until,
     warm_up,
 )
+from tests.support.waiting import wait_until
 from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE
 from worker.protocol import envelope_from_meta
 from worker.queue.broker import PAUSE_AFTER_TAKE_ENV

@@ -17,7 +17,7 @@ from tests.conftest import Upstream, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer
 from worker.client import ToolClient
 from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY
-from worker.definitions import shared
+from worker.definitions import redis_store
 from worker.definitions.model import ToolSet
 from worker.dev.embedded import EmbeddedRedis
 
@@ -39,7 +39,7 @@ def published_worker(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) 
     defs.mkdir()
     (defs / "tools.yaml").write_text(TOOL.format(name="first_tool"))
     client = redis.Redis.from_url(server.url)
-    version, _ = shared.publish(client, [defs])
+    version, _ = redis_store.publish(client, [defs])
     assert version == 1
     env = worker_env(server.url, upstream.url, dns_server.address, tmp_path / "unused")
     env.update(TOOLWORKER_STORE="redis", TOOLWORKER_STORE_POLL_SECONDS="0.2")
@@ -66,7 +66,7 @@ def test_publish_switches_running_workers(published_worker: tuple[str, Path]) ->
     with ToolClient(url) as client:
         assert wait_for_tool(client, "first_tool") == 0
         (defs / "tools.yaml").write_text(TOOL.format(name="second_tool"))
-        version, toolset = shared.publish(redis.Redis.from_url(url), [defs])
+        version, toolset = redis_store.publish(redis.Redis.from_url(url), [defs])
         assert version == 2 and not toolset.problems
         assert wait_for_tool(client, "second_tool") == 0
         assert client.call("first_tool", {}).exit_code == 64
@@ -79,7 +79,7 @@ def test_broken_set_is_refused_and_changes_nothing(published_worker: tuple[str, 
     url, defs = published_worker
     r = redis.Redis.from_url(url)
     (defs / "broken.yaml").write_text("tools:\n  - name: broken\n    upstream: nowhere\n")
-    version, toolset = shared.publish(r, [defs])
+    version, toolset = redis_store.publish(r, [defs])
     assert version == 0
     assert any(
         "unknown upstream 'nowhere'" in str(p) and f"{defs / 'broken.yaml'}:2" in str(p) for p in toolset.problems
@@ -93,7 +93,7 @@ def test_broken_set_is_refused_and_changes_nothing(published_worker: tuple[str, 
 def test_bundle_cannot_write_outside_its_folder(tmp_path: Path) -> None:
     """A bundle naming a path outside its folder is refused when written out."""
     with pytest.raises(ValueError, match="escapes"):
-        shared.materialize({"../evil.yaml": "x"}, tmp_path / "bundle")
+        redis_store.materialize({"../evil.yaml": "x"}, tmp_path / "bundle")
 
 
 def test_problems_of_a_bundle_name_the_files_on_disk(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_problems_of_a_bundle_name_the_files_on_disk(tmp_path: Path) -> None:
     (first / "ok.yaml").write_text("upstreams:\n  up: {base_url: 'http://127.0.0.1:9'}\n")
     (second / "bad.yaml").write_text("tools:\n  - name: broken\n    upstream: nowhere\n")
     client = fakeredis.FakeRedis()
-    version, toolset = shared.publish(client, [first, tmp_path / "b"])
+    version, toolset = redis_store.publish(client, [first, tmp_path / "b"])
     assert version == 0
     assert [p.source.file for p in toolset.problems] == [str(second / "bad.yaml")]
     assert client.get(DEFINITIONS_CURRENT_KEY) is None
@@ -142,10 +142,10 @@ def test_a_loaded_bundle_keeps_its_files_for_lazy_schemas(tmp_path: Path) -> Non
     defs = tmp_path / "defs"
     write_split_spec(defs)
     client = fakeredis.FakeRedis()
-    version, _ = shared.publish(client, [defs], environ={"TEST_UPSTREAM_URL": "http://127.0.0.1:9"})
-    payload = shared.current_payload(client)
+    version, _ = redis_store.publish(client, [defs], environ={"TEST_UPSTREAM_URL": "http://127.0.0.1:9"})
+    payload = redis_store.current_payload(client)
     assert version == 1 and payload is not None
-    loaded, toolset = shared.Bundles().load(payload, environ={"TEST_UPSTREAM_URL": "http://127.0.0.1:9"})
+    loaded, toolset = redis_store.Bundles().load(payload, environ={"TEST_UPSTREAM_URL": "http://127.0.0.1:9"})
     tool = toolset.tools["split_echo"]
     assert loaded == 1 and tool.schema_is_lazy
     assert tool.input_schema["properties"]["mode"]["enum"] == ["fast", "slow"]
@@ -153,7 +153,7 @@ def test_a_loaded_bundle_keeps_its_files_for_lazy_schemas(tmp_path: Path) -> Non
 
 def test_bundles_keep_the_current_and_previous_versions(tmp_path: Path) -> None:
     """Loading version 3 removes version 1's files; versions 2 and 3 stay for the calls that use them."""
-    bundles = shared.Bundles()
+    bundles = redis_store.Bundles()
     for version in (1, 2, 3):
         bundles.load(json.dumps({"version": version, "files": {"t.yaml": "upstreams: {}\n"}}))
     assert sorted(p.name for p in bundles.root.iterdir()) == ["v2", "v3"]
@@ -171,7 +171,7 @@ async def test_the_follower_skips_a_version_it_cannot_load_and_goes_on() -> None
         seen.append(version)
 
     with capture_logs() as logs:
-        task = asyncio.create_task(shared.follow(client, shared.Bundles(), 1, 0.01, on_version))
+        task = asyncio.create_task(redis_store.follow(client, redis_store.Bundles(), 1, 0.01, on_version))
         while not any(entry["event"] == "definitions.load_failed" for entry in logs):
             await asyncio.sleep(0.01)
         await client.set(DEFINITIONS_BUNDLE_PREFIX + "3", good)
@@ -191,7 +191,7 @@ def test_a_published_two_file_spec_is_called(tmp_path: Path, upstream: Upstream,
     defs = tmp_path / "defs"
     write_split_spec(defs)
     client = redis.Redis.from_url(server.url)
-    version, toolset = shared.publish(client, [defs], environ={"TEST_UPSTREAM_URL": upstream.url})
+    version, toolset = redis_store.publish(client, [defs], environ={"TEST_UPSTREAM_URL": upstream.url})
     assert version == 1, toolset.problems
     env = worker_env(server.url, upstream.url, dns_server.address, tmp_path / "unused")
     env.update(TOOLWORKER_STORE="redis")

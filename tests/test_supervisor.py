@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import FIXTURES, Upstream, start_worker, worker_env
 from tests.servers import DnsServer
-from tests.test_faults import wait_until
-from tests.test_metrics import _wait_for_sample
+from tests.support.prometheus import wait_for_sample
+from tests.support.waiting import wait_until
 from worker.client import AsyncToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.queue.supervisor import child_hostname
@@ -58,7 +58,7 @@ def test_two_processes_share_the_work_and_one_metrics_port(
         writers = {int(p.stem.rpartition("_")[2]) for p in metrics_dir.glob("counter_*.db")}
         assert writers == first
         calls = ("toolworker_calls_total", frozenset({"tool": "slow", "upstream": "local", "exit_code": "0"}.items()))
-        assert _wait_for_sample(port, calls, 32) == 32
+        assert wait_for_sample(port, calls, 32) == 32
 
         killed = min(first)
         os.kill(killed, signal.SIGKILL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -16,11 +17,18 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from worker import errors
-from worker.definitions.model import Upstream
-from worker.definitions.templates import Template
+from worker.constants import DEFAULT_MAX_CONCURRENCY
 from worker.http import transport as transport_module
 from worker.http.egress import EgressPolicy
-from worker.http.transport import EGRESS_POOL_CONNECTIONS, HttpTransport, Limits, PreparedRequest, Response
+from worker.http.transport import (
+    EGRESS_POOL_CONNECTIONS,
+    HttpTransport,
+    KeepAliveConnector,
+    Limits,
+    PoolSpec,
+    PreparedRequest,
+    Response,
+)
 
 LIMITS = Limits(max_bytes=1024 * 1024, connect_timeout_s=5)
 SECRET_HEADERS = {"Authorization": "Bearer sekrit-1", "X-Api-Key": "sekrit-2"}
@@ -31,8 +39,7 @@ def allow(target: URL) -> None:
     """A redirect check that lets every hop through."""
 
 
-def upstream_for(url: str, name: str = "local") -> Upstream:
-    return Upstream(name=name, base_url=Template.literal(url), connect_timeout_s=5)
+POOL = PoolSpec(name="local", verify_tls=True, max_connections=DEFAULT_MAX_CONCURRENCY, timeout_s=10.0)
 
 
 def request(method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None) -> PreparedRequest:
@@ -186,7 +193,7 @@ async def send(
     limits: Limits = LIMITS,
     check: Callable[[URL], None] = allow,
 ) -> Response:
-    return await transport.send(req, upstream_for(req.url), limits, check, URL(req.url, encoded=True).origin())
+    return await transport.send(req, POOL, limits, check, URL(req.url, encoded=True).origin())
 
 
 # --- redirects ---------------------------------------------------------------------------------
@@ -417,12 +424,12 @@ async def test_close_then_send_opens_a_new_session(transport: HttpTransport, sit
 
 
 async def test_changed_pool_settings_get_a_pool_of_their_own(transport: HttpTransport, site: Site) -> None:
-    """A new definitions set that changes an upstream's max_concurrency or verify_tls gets a new pool; the
-    old one is closed once retired."""
-    first = dataclasses.replace(upstream_for(site.url("")), max_concurrency=5, timeout_s=0.05)
+    """A new definitions set that changes an upstream's max_concurrency (its pool's connections) or
+    verify_tls gets a new pool; the old one is closed once retired."""
+    first = dataclasses.replace(POOL, max_connections=5, timeout_s=0.05)
     old = transport.session(first, checked=False)
     assert old.connector is not None and old.connector.limit == 5
-    second = dataclasses.replace(first, max_concurrency=7)
+    second = dataclasses.replace(first, max_connections=7)
     new = transport.session(second, checked=False)
     assert new is not old and new.connector is not None and new.connector.limit == 7
     transport.retire([second])
@@ -433,6 +440,98 @@ async def test_changed_pool_settings_get_a_pool_of_their_own(transport: HttpTran
 
 async def test_the_egress_pool_is_not_sized_by_its_first_user(transport: HttpTransport, site: Site) -> None:
     """The egress-checked pool serves many upstreams: its size is its own, whoever opens it first."""
-    narrow = dataclasses.replace(upstream_for(site.url("")), max_concurrency=1)
+    narrow = dataclasses.replace(POOL, max_connections=1)
     checked = transport.session(narrow, checked=True)
     assert checked.connector is not None and checked.connector.limit == EGRESS_POOL_CONNECTIONS
+
+
+class Injector:
+    """A raw upstream that answers each request with its own path; on the first connection, 0.3 s after
+    its first answer, it writes a response nobody asked for on the idle keep-alive connection. It notes
+    when the client drops that connection."""
+
+    INJECTED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 8\r\n\r\ninjected"
+    INJECT_AFTER_S = 0.3
+    WAIT_FOR_DROP_S = 2.0
+
+    def __init__(self) -> None:
+        self.injected = asyncio.Event()
+        self.dropped = asyncio.Event()
+        self.connections = 0
+        self.all_closed = asyncio.Event()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.all_closed.clear()
+        poisoner = not self.injected.is_set()
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                answer = head.split(b" ", 2)[1]
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+                await writer.drain()
+                if poisoner and not self.injected.is_set():
+                    await asyncio.sleep(self.INJECT_AFTER_S)  # the upstream's own misbehaviour, not a wait
+                    writer.write(self.INJECTED)
+                    await writer.drain()
+                    self.injected.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if poisoner:
+                self.dropped.set()
+        finally:
+            writer.close()
+            self.connections -= 1
+            if not self.connections:
+                self.all_closed.set()
+
+    async def settled(self) -> None:
+        """Wait for the injection, then (bounded) for the client to drop the poisoned connection."""
+        await asyncio.wait_for(self.injected.wait(), 10)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.dropped.wait(), self.WAIT_FOR_DROP_S)
+
+
+async def test_a_pooled_connection_that_received_bytes_while_idle_is_not_reused(
+    transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+) -> None:
+    """A response the upstream sends on an idle keep-alive connection is never read as the next call's
+    answer: every call gets its own answer, in order, and the poisoned connection is dropped."""
+    injector = Injector()
+    url = await raw_server(injector.handle)
+    first = await send(transport, request("GET", url + "/call-1"))
+    await injector.settled()
+    answers = [first.body] + [(await send(transport, request("GET", f"{url}/call-{n}"))).body for n in (2, 3, 4)]
+    await transport.close()
+    await asyncio.wait_for(injector.all_closed.wait(), 10)
+    assert answers == [b"/call-1", b"/call-2", b"/call-3", b"/call-4"]
+    assert injector.dropped.is_set()
+
+
+async def test_both_pools_drop_connections_that_received_bytes_while_idle(transport: HttpTransport, site: Site) -> None:
+    """The egress-checked pool is built on the same guarded connector as an upstream's own pool."""
+    for checked in (False, True):
+        assert isinstance(transport.session(POOL, checked=checked).connector, KeepAliveConnector)
+
+
+async def test_header_bytes_that_are_not_utf8_are_read_as_latin1(
+    transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]]
+) -> None:
+    """A Latin-1 reason phrase and a Content-Type holding non-UTF-8 bytes come out as valid Unicode text,
+    each byte read as Latin-1."""
+
+    async def latin1_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 404 N\xe3o encontrado\r\nContent-Type: text/plain; charset=\xff\xfe\r\n"
+            b"Retry-After: \xe9\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno"
+        )
+        await writer.drain()
+        writer.close()
+
+    url = await raw_server(latin1_head)
+    response = await send(transport, request("GET", url + "/x"))
+    assert (response.status, response.reason, response.body) == (404, "Não encontrado", b"no")
+    assert response.content_type == "text/plain; charset=ÿþ"
+    assert response.retry_after == "é"
+    for text in (response.reason, response.content_type, response.charset, response.retry_after):
+        text.encode("utf-8")  # raises on a lone surrogate

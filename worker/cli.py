@@ -240,14 +240,14 @@ def _progress(text: str) -> None:
 
 def _load_toolset(paths: list[Path]) -> Any:
     """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
-    from worker.call.run import served_toolset
-    from worker.definitions import store
+    from worker.definitions import file_store as store
+    from worker.definitions.builtin import served_toolset
     from worker.http.egress import EgressPolicy
 
     if paths:
         return store.load(paths)
     settings = get_settings()
-    return served_toolset(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow))
+    return served_toolset(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow).enabled)
 
 
 def _tools(args: argparse.Namespace) -> int:
@@ -323,7 +323,8 @@ def _health(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import redis
 
-    from worker.definitions import shared, store
+    from worker.definitions import file_store as store
+    from worker.definitions import redis_store as shared
 
     settings = get_settings()
     paths = args.paths or [settings.definitions]
@@ -370,7 +371,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from worker.definitions.store import unset_settings
+    from worker.definitions.file_store import unset_settings
 
     toolset = _load_toolset(args.paths)
     for problem in toolset.problems:

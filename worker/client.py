@@ -30,15 +30,13 @@ from worker.constants import (
     DEFAULT_QUEUE,
     DEFAULT_TENANT,
     MAX_CALL_TIMEOUT_S,
-    TASK_EXECUTE,
-    TASK_EXECUTE_BATCH,
+    RESULT_KEY_PREFIX,
     TENANT_PATTERN,
 )
-from worker.definitions.shared import read_routes
+from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
 from worker.loop import LoopThread
-from worker.protocol import task_message
-from worker.queue.publisher import stored_envelope
+from worker.protocol import envelope_from_meta, task_messages
 from worker.settings import get_settings
 
 T = TypeVar("T")
@@ -306,16 +304,10 @@ def _unanswered(call_id: str, tool: str, timeout: float) -> ToolResult:
     )
 
 
-def task_messages(calls: list[dict[str, Any]], queue: str, max_batch: int) -> list[str]:
-    """Celery messages for these calls: one execute message for a lone call, else batches of max_batch."""
-    bodies = []
-    for start in range(0, len(calls), max_batch):
-        chunk = calls[start : start + max_batch]
-        if len(chunk) == 1:
-            bodies.append(task_message(chunk[0]["callId"], [chunk[0]], queue, TASK_EXECUTE))
-        else:
-            bodies.append(task_message(str(uuid.uuid4()), [chunk], queue, TASK_EXECUTE_BATCH))
-    return bodies
+async def stored_envelope(client: aioredis.Redis, call_id: str) -> dict[str, Any] | None:
+    """The envelope published for a call, None while there is none (kept for the TTL)."""
+    raw = await client.get(RESULT_KEY_PREFIX + call_id)
+    return None if raw is None else envelope_from_meta(raw)
 
 
 class CallHandle:

@@ -17,7 +17,7 @@ DONE_KEY_PREFIX = "toolcall:done:"
 DEAD_LETTER_KEY = "toolcall:dead-letter"
 DEAD_LETTER_MAX = 10_000
 # Tool name -> Celery queue, for tools whose upstream has a queue of its own (bulkheads); written and
-# read by worker/definitions/shared.py only.
+# read by worker/definitions/redis_store.py only.
 ROUTES_KEY = "toolworker:routes"
 # Written and read by worker/call/ratelimit.py only.
 RATE_LIMIT_KEY_PREFIX = "toolworker:ratelimit:"
@@ -26,6 +26,9 @@ REDACTED = "[redacted]"
 # A header name or log key matching this (case-insensitive) holds a secret.
 SECRET_NAME_PATTERN = r"token|secret|key|auth|password|cookie|session|credential"
 MAX_ARGUMENTS_BYTES = 1024 * 1024
+# Objects and arrays within each other in a call's arguments, at most: far past what a tool's schema
+# describes, far short of what exhausts Python's stack in the code that walks them.
+MAX_ARGUMENTS_DEPTH = 64
 MAX_REDIRECTS = 5
 DEFAULT_MAX_OUTPUT_CHARS = 16_000
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -52,7 +55,7 @@ TOOL_ALIASES = {"HttpRequestTool": HTTP_REQUEST_TOOL}
 # The content the workers accept on the queue (Celery's accept_content).
 ACCEPT_CONTENT = ("json",)
 
-# The shared definitions store: versioned bundles of definitions files (worker/definitions/shared.py).
+# The shared definitions store: versioned bundles of definitions files (worker/definitions/redis_store.py).
 DEFINITIONS_VERSION_KEY = "toolworker:definitions:version"
 DEFINITIONS_CURRENT_KEY = "toolworker:definitions:current"
 DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -15,6 +17,26 @@ _CAMEL = {
     "duration_ms": "durationMs",
 }
 _SNAKE = {camel: snake for snake, camel in _CAMEL.items()}
+_UNPAIRED_SURROGATE = re.compile("[\ud800-\udfff]")
+# How Python carries a byte that was not UTF-8 (aiohttp decodes header bytes with surrogateescape).
+_ESCAPED_BYTES = range(0xDC80, 0xDD00)
+
+
+def valid_text(text: str) -> str:
+    """The text, made valid Unicode (it can then be encoded as UTF-8, and so be published).
+
+    A byte that was not UTF-8 (carried as a surrogate U+DC80-U+DCFF) is read as Latin-1, as RFC 9110
+    (section 5.5) says header text historically was: every byte becomes one character, nothing is lost,
+    and a Latin-1 reason phrase reads right. Any other unpaired surrogate (from a JSON escape such as
+    "\\ud800") stands for no character at all and becomes U+FFFD."""
+    if text.isascii():
+        return text
+    return _UNPAIRED_SURROGATE.sub(_replacement, text)
+
+
+def _replacement(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return chr(code - 0xDC00) if code in _ESCAPED_BYTES else "\ufffd"
 
 
 @dataclass(slots=True)
@@ -46,6 +68,14 @@ class ToolResult:
             for value in (getattr(self, name),)
         }
 
+    def to_json(self) -> str:
+        """The envelope as published: JSON whose every text is valid Unicode (see `valid_text`).
+
+        Raises ValueError or TypeError when a field holds something JSON cannot carry."""
+        return json.dumps(
+            {key: _valid(value) for key, value in self.to_dict().items()}, ensure_ascii=False, allow_nan=False
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolResult:
         return cls(**{name: v for k, v in data.items() if (name := _SNAKE.get(k, k)) in _FIELD_SET})
@@ -59,6 +89,15 @@ class ToolResult:
             exit_code=error.exit_code,
             **details,
         )
+
+
+def _valid(value: Any) -> Any:
+    """A field's value with its texts made valid (the envelope's values are texts or flat maps of texts)."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {valid_text(str(key)): _valid(item) for key, item in value.items()}
+    return value
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))

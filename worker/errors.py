@@ -20,8 +20,9 @@
         ├── ReceiveFailed        56
         └── ResponseTooLarge     63
 
-aiohttp's exceptions are translated into this tree in `transport.py` only; the tree is turned into
-an envelope in `execution.py` only. A non-2xx answer (exit 22) is a response, not an exception.
+aiohttp's exceptions are translated into this tree in `http/transport.py` only; the tree is turned into
+an envelope by `call/shaping.py` (`ToolResult.failure` for a call refused before it ran, or for what never
+became a call) only. A non-2xx answer (exit 22) is a response, not an exception.
 """
 
 from __future__ import annotations
@@ -54,8 +55,14 @@ class MalformedURL(RequestError):
 
 
 class UnknownTool(RequestError):
+    """No tool of this name is served (the worker's catalog, or what a gateway offers)."""
+
     exit_code = 64
     type = "unknown_tool"
+
+    def __init__(self, name: str, advice: str = "") -> None:
+        super().__init__(f"There is no tool named {name!r}." + (f" {advice}" if advice else ""))
+        self.name = name
 
 
 class InvalidArguments(RequestError):

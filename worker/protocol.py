@@ -1,5 +1,6 @@
-"""The wire format: the call object, Celery protocol 2 messages as kombu's Redis transport stores them,
-and result metas.
+"""The wire format: the call object, Celery protocol 2 messages as kombu's Redis transport stores them
+(written one call a message or in batches, read, and rewritten without a withdrawn call), and result
+metas.
 
 Anything that can LPUSH a JSON string onto a Redis list can enqueue a call; the README shows it.
 """
@@ -14,7 +15,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
-from worker.constants import DEFAULT_TENANT, MAX_CALL_TIMEOUT_S, REDACTED, TASK_EXECUTE, TENANT_PATTERN
+from worker.constants import (
+    DEFAULT_TENANT,
+    MAX_CALL_TIMEOUT_S,
+    REDACTED,
+    TASK_EXECUTE,
+    TASK_EXECUTE_BATCH,
+    TENANT_PATTERN,
+)
 from worker.errors import InvalidArguments
 from worker.tracing import MAX_TRACEPARENT_CHARS, MAX_TRACESTATE_CHARS
 
@@ -135,6 +143,49 @@ def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXE
             },
         }
     )
+
+
+def task_messages(calls: list[dict[str, Any]], queue: str, max_batch: int) -> list[str]:
+    """Celery messages for these calls: one execute message for a lone call, else batches of max_batch."""
+    bodies = []
+    for start in range(0, len(calls), max_batch):
+        chunk = calls[start : start + max_batch]
+        if len(chunk) == 1:
+            bodies.append(task_message(chunk[0]["callId"], [chunk[0]], queue, TASK_EXECUTE))
+        else:
+            bodies.append(task_message(str(uuid.uuid4()), [chunk], queue, TASK_EXECUTE_BATCH))
+    return bodies
+
+
+def call_id_needle(call_id: str) -> bytes:
+    """The bytes a stored message holds where its body names this callId: the call sits in the body, a
+    JSON text inside the message's JSON, so escaped twice."""
+    return json.dumps(json.dumps(call_id)[1:-1])[1:-1].encode()
+
+
+def without_call(raw: bytes, call_id: str) -> tuple[bool, str | None]:
+    """Whether the message holds the call, and the message without it (None: nothing would be left)."""
+    try:
+        message = json.loads(raw)
+        body = json.loads(message["body"])
+        task = message["headers"]["task"]
+    except (ValueError, KeyError, TypeError):
+        return False, None
+    if task == TASK_EXECUTE:
+        call = body[0][0] if body and body[0] else None
+        return isinstance(call, dict) and call.get("callId") == call_id, None
+    if task != TASK_EXECUTE_BATCH or not body or not body[0] or not isinstance(body[0][0], list):
+        return False, None
+    calls: list[Any] = body[0][0]
+    kept = [c for c in calls if not (isinstance(c, dict) and c.get("callId") == call_id)]
+    if len(kept) == len(calls):
+        return False, None
+    if not kept:
+        return True, None
+    body[0][0] = kept
+    message["body"] = json.dumps(body)
+    message["headers"]["argsrepr"] = redacted_repr([kept])
+    return True, json.dumps(message)
 
 
 def result_meta(call_id: str, envelope_json: str) -> str:

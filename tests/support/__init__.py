@@ -1,0 +1,1 @@
+"""Helpers shared by the test modules (servers, stacks, waits); no test module imports another."""

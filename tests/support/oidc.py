@@ -17,6 +17,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.support.waiting import wait_until
 from worker.dev.embedded import free_port
 
 NODE_MODULES = Path(sys.prefix) / "node" / "node_modules"  # the venv the tests run in (Makefile)
@@ -80,17 +81,16 @@ class OidcServer:
         return self
 
     def _wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx2.get(self.issuer + "/.well-known/openid-configuration", timeout=5).status_code == 200:
-                    return
-            except httpx2.TransportError:
-                pass
+        def answers() -> bool:
             assert self.process is not None
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if self.process.poll() is not None:
                 raise RuntimeError((self.directory / "oidc.log").read_text()[-3000:])
-            time.sleep(0.05)
+            try:
+                return httpx2.get(self.issuer + "/.well-known/openid-configuration", timeout=5).status_code == 200
+            except httpx2.TransportError:
+                return False
+
+        wait_until(answers, timeout_s, "oidc-provider to answer")
 
     def stop(self) -> None:
         if self.process is not None:

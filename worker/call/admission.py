@@ -13,7 +13,7 @@ from jsonschema.exceptions import ValidationError as SchemaViolation
 
 from worker import errors
 from worker.call.runtime import TURNS_PER_CONNECTION
-from worker.constants import MAX_ARGUMENTS_BYTES
+from worker.constants import MAX_ARGUMENTS_BYTES, MAX_ARGUMENTS_DEPTH
 from worker.definitions.model import Upstream
 from worker.protocol import ToolCall
 
@@ -37,6 +37,7 @@ def call_deadline(call: ToolCall, received_at: float) -> float:
 
 
 def validate_arguments(arguments: dict[str, Any], validator: Draft202012Validator) -> dict[str, Any]:
+    check_nesting(arguments)  # first: what follows walks the arguments recursively
     size = encoded_size(arguments)
     if size > MAX_ARGUMENTS_BYTES:
         raise errors.InvalidArguments(f"The arguments are too large ({size} bytes; at most {MAX_ARGUMENTS_BYTES}).")
@@ -56,6 +57,23 @@ def encoded_size(value: Any) -> int:
         raise errors.InvalidArguments("The arguments or headers contain text that is not valid Unicode.") from None
 
 
+def check_nesting(arguments: Any) -> None:
+    """Refuse arguments that nest objects and arrays deeper than MAX_ARGUMENTS_DEPTH (the arguments object
+    itself is level 1). Walked without recursion, so that no depth can exhaust the stack here."""
+    pending: list[tuple[Any, int]] = [(arguments, 1)]
+    while pending:
+        value, depth = pending.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else None
+        if children is None:
+            continue
+        if depth > MAX_ARGUMENTS_DEPTH:
+            raise errors.InvalidArguments(
+                f"The arguments nest objects and arrays more than {MAX_ARGUMENTS_DEPTH} levels deep; "
+                "send them flatter, as the tool's schema describes them."
+            )
+        pending.extend((child, depth + 1) for child in children)
+
+
 def _explain(error: SchemaViolation) -> str:
     where = ".".join(str(p) for p in error.absolute_path)
     if error.validator == "required" and isinstance(error.instance, dict):
@@ -72,11 +90,26 @@ class Turn:
     of them per worker process. The others wait unprepared, in order of arrival; a burst of thousands
     would otherwise render and start every request in one go, and hold the loop for a second or more
     while the upstream's answers waited to be read. A call gives its turn back while it sleeps between
-    attempts."""
+    attempts (`pause`).
+
+    Used as `async with turn:` around everything the call does at its upstream."""
 
     def __init__(self, turns: asyncio.Semaphore, upstream: Upstream, deadline: float) -> None:
         self._turns, self._upstream, self._deadline = turns, upstream, deadline
         self._held = self._sent = False  # _sent: an earlier attempt had its turn
+
+    async def __aenter__(self) -> Turn:
+        await self.take()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.give_back()
+
+    async def pause(self, sleep_s: float) -> None:
+        """Sleep without the turn (another call may use it meanwhile), then take it again."""
+        self.give_back()
+        await asyncio.sleep(max(0.0, sleep_s))
+        await self.take()
 
     async def take(self) -> None:
         if self._held:

@@ -1,4 +1,4 @@
-"""One attempt at an upstream: in the call's turn, within the rate limit, the circuit and the time left."""
+"""One attempt at an upstream: within the rate limit, the circuit and the time left (the call holds its turn)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from yarl import URL
 
 from worker import errors, metrics, tracing
 from worker.call import ratelimit
-from worker.call.admission import MAX_RATE_WAIT_S, Turn
+from worker.call.admission import MAX_RATE_WAIT_S
 from worker.call.circuit import CircuitBreaker
-from worker.call.runtime import Runtime
+from worker.call.runtime import Runtime, pool_spec
 from worker.definitions.model import Upstream
 from worker.http.egress import EgressPolicy
 from worker.http.transport import Limits, PreparedRequest, RedirectCheck, Response
@@ -30,7 +30,6 @@ class Attempt:
     check: RedirectCheck
     trusted: URL | None
     breaker: CircuitBreaker | None
-    turn: Turn
 
     async def send(self, limits: Limits, number: int = 1) -> Response:
         """Attempt `number`; its outcome is told to the breaker (and its span, when tracing)."""
@@ -40,7 +39,6 @@ class Attempt:
             return response
 
     async def _send(self, limits: Limits) -> Response:
-        await self.turn.take()
         rate = self.upstream.rate_limit
         if rate is not None and self.runtime.redis is not None:
             horizon = min(self.deadline, time.time() + MAX_RATE_WAIT_S)
@@ -53,7 +51,9 @@ class Attempt:
             request = replace(request, headers=tracing.propagation(request.headers))
         try:
             async with asyncio.timeout(budget):
-                response = await self.runtime.transport.send(request, self.upstream, limits, self.check, self.trusted)
+                response = await self.runtime.transport.send(
+                    request, pool_spec(self.upstream), limits, self.check, self.trusted
+                )
         except TimeoutError:
             self._record(failed=True)
             raise errors.TimedOut(f"The upstream did not answer within {budget:.3g} seconds.") from None

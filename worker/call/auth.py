@@ -25,10 +25,11 @@ from urllib.parse import quote, urlencode
 import redis.asyncio as aioredis
 
 from worker import errors
+from worker.call.circuit import Clock
 from worker.call.rendering import render_secret
 from worker.definitions.model import Auth, Upstream
 from worker.http.oauth import Token, TokenRequest, fetch_token
-from worker.http.transport import PreparedRequest
+from worker.http.transport import HttpTransport, PreparedRequest
 from worker.protocol import ToolCall
 
 TOKEN_KEY_PREFIX = "toolworker:oauth:"
@@ -44,18 +45,23 @@ class CachedToken:
     expires_at: float
     refresh_at: float
 
-    def fresh(self, stale: str | None) -> bool:
-        return self.value != stale and time.time() < self.refresh_at
+    def fresh(self, stale: str | None, now: float) -> bool:
+        return self.value != stale and now < self.refresh_at
 
-    def usable(self, stale: str | None) -> bool:
-        return self.value != stale and time.time() < self.expires_at
+    def usable(self, stale: str | None, now: float) -> bool:
+        return self.value != stale and now < self.expires_at
 
 
 class TokenCache:
-    """The tokens of one worker process: remembered locally, shared with the fleet through Redis."""
+    """The tokens of one worker process: remembered locally, shared with the fleet through Redis.
 
-    def __init__(self, redis: aioredis.Redis | None) -> None:
+    `clock` tells wall-clock time (epoch seconds), not monotonic time: expiries and call deadlines are
+    shared with other processes.
+    """
+
+    def __init__(self, redis: aioredis.Redis | None, clock: Clock = time.time) -> None:
         self._redis = redis
+        self._clock = clock
         self._memo: dict[str, CachedToken] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -64,11 +70,11 @@ class TokenCache:
     ) -> str:
         """A token for `key` that is not `stale` (the one an upstream just refused)."""
         memo = self._memo.get(key)
-        if memo is not None and memo.fresh(stale):
+        if memo is not None and memo.fresh(stale, self._clock()):
             return memo.value
         async with self._locks.setdefault(key, asyncio.Lock()):  # one fetch per process at a time
             memo = self._memo.get(key)
-            if memo is None or not memo.fresh(stale):
+            if memo is None or not memo.fresh(stale, self._clock()):
                 memo = self._memo[key] = await self._shared(key, fetch, deadline, stale)
         return memo.value
 
@@ -76,30 +82,30 @@ class TokenCache:
         self, key: str, fetch: Callable[[], Awaitable[Token]], deadline: float, stale: str | None
     ) -> CachedToken:
         if self._redis is None:  # no fleet to share with
-            return _cached(await fetch())
+            return self._cached(await fetch())
         while True:
             current = await self._read(key)
-            if current is not None and current.fresh(stale):
+            if current is not None and current.fresh(stale, self._clock()):
                 return current
             if await self._redis.set(key + ":lock", "1", nx=True, px=_LOCK_MS):
                 try:
                     return await self._refresh(key, fetch, stale)
                 finally:
                     await self._redis.delete(key + ":lock")
-            if current is not None and current.usable(stale):
+            if current is not None and current.usable(stale, self._clock()):
                 return current  # another worker is refreshing it; this one is good meanwhile
-            if time.time() >= deadline:
+            if self._clock() >= deadline:
                 raise errors.TimedOut("The call ran out of time waiting for the upstream's access token.")
             await asyncio.sleep(_POLL_S)
 
     async def _refresh(self, key: str, fetch: Callable[[], Awaitable[Token]], stale: str | None) -> CachedToken:
         current = await self._read(key)  # another worker may have refreshed it since this one looked
-        if current is not None and current.fresh(stale):
+        if current is not None and current.fresh(stale, self._clock()):
             return current
-        cached = _cached(await fetch())
+        cached = self._cached(await fetch())
         record = {"token": cached.value, "expiresAt": cached.expires_at, "refreshAt": cached.refresh_at}
         assert self._redis is not None
-        await self._redis.set(key, json.dumps(record), px=max(1, int((cached.expires_at - time.time()) * 1000)))
+        await self._redis.set(key, json.dumps(record), px=max(1, int((cached.expires_at - self._clock()) * 1000)))
         return cached
 
     async def _read(self, key: str) -> CachedToken | None:
@@ -110,10 +116,9 @@ class TokenCache:
         data = json.loads(raw)
         return CachedToken(data["token"], data["expiresAt"], data["refreshAt"])
 
-
-def _cached(token: Token) -> CachedToken:
-    now = time.time()
-    return CachedToken(token.access_token, now + token.expires_in_s, now + REFRESH_AT_SHARE * token.expires_in_s)
+    def _cached(self, token: Token) -> CachedToken:
+        now = self._clock()
+        return CachedToken(token.access_token, now + token.expires_in_s, now + REFRESH_AT_SHARE * token.expires_in_s)
 
 
 async def authorize(
@@ -123,6 +128,7 @@ async def authorize(
     environ: Mapping[str, str],
     tokens: TokenCache,
     deadline: float,
+    transport: HttpTransport,
     stale: str | None = None,
 ) -> tuple[PreparedRequest, str | None]:
     """The request with the upstream's credential on it, and the OAuth2 token used (for a 401's retry)."""
@@ -135,7 +141,7 @@ async def authorize(
         return _credential(request, auth, user), None
     if auth.type == "oauth2_client_credentials":
         token = await tokens.token(
-            _token_key(auth, upstream, env), _fetcher(auth, upstream, env, deadline), deadline, stale
+            _token_key(auth, upstream, env), _fetcher(auth, upstream, env, deadline, transport), deadline, stale
         )
         return _with_header(request, "Authorization", f"Bearer {token}", token), token
     return _credential(request, auth, _static(auth, env)), None
@@ -193,7 +199,7 @@ def _token_key(auth: Auth, upstream: Upstream, environ: Mapping[str, str]) -> st
 
 
 def _fetcher(
-    auth: Auth, upstream: Upstream, environ: Mapping[str, str], deadline: float
+    auth: Auth, upstream: Upstream, environ: Mapping[str, str], deadline: float, transport: HttpTransport
 ) -> Callable[[], Awaitable[Token]]:
     assert auth.token_url is not None and auth.client_id is not None and auth.client_secret is not None
     client_id, client_secret = render_secret(auth.client_id, environ), render_secret(auth.client_secret, environ)
@@ -210,6 +216,6 @@ def _fetcher(
         timeout_s = min(upstream.timeout_s, deadline - time.time())
         if timeout_s <= 0:
             raise errors.TimedOut("The call ran out of time before the upstream's access token came.")
-        return await fetch_token(TokenRequest(url, form, basic, timeout_s, upstream.verify_tls))
+        return await fetch_token(transport, TokenRequest(url, form, basic, timeout_s, upstream.verify_tls))
 
     return fetch

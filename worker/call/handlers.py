@@ -1,78 +1,68 @@
 """One handler per tool kind. The kinds that send HTTP (a defined tool, `http_request`) share the path
-from the call's turn to its envelope, and differ in how the request is prepared and whom it may reach."""
+from the call's turn to its answer, and differ in how the request is prepared and whom it may reach.
+
+    answer ─▶ turn ─▶ prepare ─▶ send_with_retries ─▶ (a 401 on an OAuth2 token: prepare, send again)
+                                   └─ attempt: rate limit, circuit, time left ─▶ transport
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Protocol
 
 import structlog
 from yarl import URL
 
-from worker import logs, metrics
+from worker import errors, logs, metrics
 from worker.call.admission import Turn
 from worker.call.attempt import Attempt, breaker_for, redirect_check
 from worker.call.auth import authorize
+from worker.call.job import Answer, Job
 from worker.call.rendering import render
-from worker.call.retries import send_with_retries
+from worker.call.retries import Tried, send_with_retries
 from worker.call.runtime import Runtime
-from worker.call.shaping import describe_request, read_limit, shape_result
-from worker.definitions.model import IDEMPOTENT_METHODS, Tool, Upstream
-from worker.envelope import ToolResult
-from worker.http.transport import PreparedRequest, Response
+from worker.call.shaping import read_limit
+from worker.definitions.model import IDEMPOTENT_METHODS, Upstream
+from worker.http.transport import PreparedRequest
 from worker.protocol import ToolCall
 
 log = structlog.get_logger("toolworker.call")
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A call admitted to run: its tool and upstream resolved, its arguments valid, its deadline known."""
-
-    call: ToolCall
-    tool: Tool
-    upstream: Upstream
-    arguments: dict[str, Any]
-    deadline: float
-
-
 class ToolHandler(Protocol):
-    async def answer(self, job: Job, runtime: Runtime, envelope: ToolResult) -> None:
-        """Fill the envelope, or raise a ToolError."""
+    async def answer(self, job: Job, runtime: Runtime) -> Answer:
+        """How the call ended; a ToolError raised here ends it without a request to describe."""
 
 
 class HttpHandler(ABC):
-    """Sends the request its kind prepares: in the call's turn, with retries, shaped into the envelope."""
+    """Sends the request its kind prepares, in the call's turn, with retries."""
 
-    async def answer(self, job: Job, runtime: Runtime, envelope: ToolResult) -> None:
-        turn = Turn(runtime.turns(job.upstream), job.upstream, job.deadline)
-        await turn.take()
+    async def answer(self, job: Job, runtime: Runtime) -> Answer:
+        request: PreparedRequest | None = None
+        attempts = 0
         try:
-            request, token = await self.prepare(job, runtime)
-            response = await self._send(job, runtime, envelope, request, turn)
-            if response.status == 401 and token is not None:  # the token was revoked: one more, then once again
-                sent = envelope.attempts
-                request, _ = await self.prepare(job, runtime, stale=token)
-                response = await self._send(job, runtime, envelope, request, turn)
-                envelope.attempts += sent
-            shape_result(envelope, response, job.tool, job.upstream, request.secrets)
-        finally:
-            turn.give_back()
+            async with Turn(runtime.turns(job.upstream), job.upstream, job.deadline) as turn:
+                request, token = await self.prepare(job, runtime)
+                tried = await self._send(job, runtime, request, turn)
+                if tried.response is not None and tried.response.status == 401 and token is not None:
+                    attempts = tried.attempts  # the token was revoked: a new one, and once again
+                    request, _ = await self.prepare(job, runtime, stale=token)
+                    tried = await self._send(job, runtime, request, turn)
+        except errors.ToolError as exc:  # refused before an attempt: no turn in time, no token, the circuit
+            return Answer(request, attempts=attempts, error=exc)
+        return Answer(request, tried.response, attempts=attempts + tried.attempts, error=tried.error)
 
-    async def _send(
-        self, job: Job, runtime: Runtime, envelope: ToolResult, request: PreparedRequest, turn: Turn
-    ) -> Response:
+    async def _send(self, job: Job, runtime: Runtime, request: PreparedRequest, turn: Turn) -> Tried:
         logs.bind_secrets(request.secrets)
         if request.dropped_headers:
             log.info("call.headers_dropped", headers=list(request.dropped_headers))
-        describe_request(envelope, request, job.upstream)
         trusted = self.trusted_origin(request)
         check = redirect_check(trusted, job.upstream, runtime.policy)
         breaker = breaker_for(runtime, job.upstream, trusted)
-        attempt = Attempt(runtime, request, job.upstream, job.deadline, check, trusted, breaker, turn)
+        attempt = Attempt(runtime, request, job.upstream, job.deadline, check, trusted, breaker)
         with metrics.in_flight(job.tool.name, job.upstream.name):
-            return await send_with_retries(attempt, envelope, read_limit(job.tool, job.upstream))
+            return await send_with_retries(attempt, turn, read_limit(job.tool, job.upstream))
 
     @abstractmethod
     async def prepare(self, job: Job, runtime: Runtime, stale: str | None = None) -> tuple[PreparedRequest, str | None]:
@@ -90,7 +80,7 @@ class DefinedTool(HttpHandler):
     async def prepare(self, job: Job, runtime: Runtime, stale: str | None = None) -> tuple[PreparedRequest, str | None]:
         request = render(job.tool, job.upstream, job.arguments, job.call.headers, runtime.environ)
         request, token = await authorize(
-            request, job.upstream, job.call, runtime.environ, runtime.tokens, job.deadline, stale
+            request, job.upstream, job.call, runtime.environ, runtime.tokens, job.deadline, runtime.transport, stale
         )
         return with_idempotency_key(request, job.upstream, job.call), token
 

@@ -14,45 +14,16 @@ from urllib.parse import urlencode
 
 from yarl import URL
 
-from worker.call.handlers import HttpHandler, Job
+from worker.call.handlers import HttpHandler
 from worker.call.headers import check_header_count, checked_header
+from worker.call.job import Job
 from worker.call.rendering import is_form, is_json, query_pairs
 from worker.call.runtime import Runtime
-from worker.constants import HTTP_REQUEST_TOOL, KIND_HTTP_REQUEST
-from worker.definitions.model import METHODS, RequestTemplate, Tool
+from worker.definitions.model import METHODS
 from worker.errors import EgressBlocked, InvalidArguments
 from worker.http.egress import EgressPolicy
 from worker.http.transport import PreparedRequest
 from worker.redaction import is_secret_header
-
-_DESCRIPTION = (
-    "Send an HTTP request to a URL and return the response body. Only hosts on the operator's egress"
-    " allow-list can be reached. A JSON object body is sent as JSON unless the Content-Type header is"
-    " application/x-www-form-urlencoded; a string body is sent as it is."
-)
-_SCHEMA: Mapping[str, Any] = {
-    "type": "object",
-    "properties": {
-        "method": {
-            "type": "string",
-            "enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
-            "default": "GET",
-            "description": "The HTTP method.",
-        },
-        "url": {"type": "string", "description": "The absolute http:// or https:// URL, query string included."},
-        "body": {
-            "type": ["string", "object", "array", "null"],
-            "description": "The request body: a JSON object or array, or a string sent as it is.",
-        },
-        "headers": {
-            "type": "object",
-            "additionalProperties": {"type": "string"},
-            "description": "Request headers, name to value.",
-        },
-    },
-    "required": ["url"],
-    "additionalProperties": False,
-}
 
 _OFF = (
     "The http_request tool is off: it stays off until the operator sets the egress allow-list"
@@ -75,19 +46,6 @@ class HttpRequestTool(HttpHandler):
 
     def trusted_origin(self, request: PreparedRequest) -> URL | None:
         return None
-
-
-def http_request_tool(upstream: str) -> Tool:
-    """The tool's definition, served only while an egress allow-list is set."""
-    return Tool(
-        name=HTTP_REQUEST_TOOL,
-        upstream=upstream,
-        request=RequestTemplate(method="GET"),
-        description=_DESCRIPTION,
-        tags=("http",),
-        schema=dict(_SCHEMA),
-        kind=KIND_HTTP_REQUEST,
-    )
 
 
 def render_http_request(arguments: Mapping[str, Any], policy: EgressPolicy) -> PreparedRequest:

@@ -1,7 +1,7 @@
 """One tool call, start to envelope: admit it, hand it to the handler of its tool's kind, record it.
 
-run_call ─▶ admission (deadline, arguments) ─▶ handler by kind
-              defined tool / http_request: turn ─▶ render ─▶ attempts with retries ─▶ shaping
+run_call ─▶ admit (deadline, tool, arguments) ─▶ handler by kind ─▶ Answer ─▶ shaping.envelope
+              defined tool / http_request: turn ─▶ prepare ─▶ attempts with retries
               catalog tools: answered from the definitions
 """
 
@@ -12,16 +12,15 @@ import time
 import structlog
 
 from worker import errors, metrics
+from worker.call import shaping
 from worker.call.admission import call_deadline, encoded_size, validate_arguments
-from worker.call.catalog_tools import CatalogTool, catalog_tools
-from worker.call.handlers import DefinedTool, Job, ToolHandler
-from worker.call.http_request import HttpRequestTool, http_request_tool
+from worker.call.catalog_tools import CatalogTool
+from worker.call.handlers import DefinedTool, ToolHandler
+from worker.call.http_request import HttpRequestTool
+from worker.call.job import Job
 from worker.call.runtime import Runtime
-from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, WORKER_UPSTREAM
-from worker.definitions.model import ToolSet, Upstream
-from worker.definitions.templates import Template
+from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST
 from worker.envelope import ToolResult
-from worker.http.egress import EgressPolicy
 from worker.protocol import ToolCall
 
 log = structlog.get_logger("toolworker.call")
@@ -36,20 +35,19 @@ HANDLERS: dict[str, ToolHandler] = {
 async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None = None) -> ToolResult:
     """Run one call; every outcome, including a bug in the worker, is an envelope."""
     started = time.perf_counter()
-    envelope = ToolResult(call_id=call.call_id, tool=call.tool)
     # Each call runs in an asyncio task of its own, so its context (and these bindings) die with it.
     structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool, tenant=call.tenant)
     if call.principal is not None:  # made through the gateway: by whom (a name, never a credential)
         structlog.contextvars.bind_contextvars(principal=call.principal)
     try:
-        await _admit_and_answer(call, runtime, envelope, time.time() if received_at is None else received_at)
+        job = admit(call, runtime, time.time() if received_at is None else received_at)
+        envelope = shaping.envelope(job, await HANDLERS[job.tool.kind].answer(job, runtime))
     except errors.ToolError as exc:
-        envelope.error = {"type": exc.type, "message": exc.message}
-        envelope.exit_code = exc.exit_code
+        envelope = ToolResult.failure(call.call_id, call.tool, exc)
     except Exception:
         log.exception("call.internal_error")
-        envelope.error = {"type": "internal_error", "message": "The worker failed while running this tool."}
-        envelope.exit_code = errors.InternalError.exit_code
+        error = errors.InternalError("The worker failed while running this tool.")
+        envelope = ToolResult.failure(call.call_id, call.tool, error)
     envelope.duration_ms = round((time.perf_counter() - started) * 1000, 3)
     metrics.observe_call(envelope, runtime.upstream_of(call.tool))
     log.info(
@@ -62,21 +60,12 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
     return envelope
 
 
-async def _admit_and_answer(call: ToolCall, runtime: Runtime, envelope: ToolResult, received_at: float) -> None:
+def admit(call: ToolCall, runtime: Runtime, received_at: float) -> Job:
+    """The call as a job its handler can run: in time, its tool known, its arguments and headers valid."""
     deadline = call_deadline(call, received_at)
     tool, upstream = runtime.resolve(call.tool)
     structlog.contextvars.bind_contextvars(upstream=upstream.name)
     arguments = validate_arguments(call.arguments, runtime.validator(tool))
     if call.headers:
         encoded_size(call.headers)  # refuses text that is not valid Unicode
-    await HANDLERS[tool.kind].answer(Job(call, tool, upstream, arguments, deadline), runtime, envelope)
-
-
-def served_toolset(toolset: ToolSet, policy: EgressPolicy) -> ToolSet:
-    """The toolset a worker serves: the defined tools, the catalog tools, `http_request` if enabled."""
-    served = ToolSet(dict(toolset.upstreams), dict(toolset.tools), list(toolset.problems), dict(toolset.unusable))
-    served.upstreams[WORKER_UPSTREAM] = Upstream(WORKER_UPSTREAM, Template.literal(""))
-    extra = catalog_tools(WORKER_UPSTREAM) + ([http_request_tool(WORKER_UPSTREAM)] if policy.enabled else [])
-    for tool in extra:
-        served.tools.setdefault(tool.name, tool)
-    return served
+    return Job(call, tool, upstream, arguments, deadline)

@@ -14,7 +14,7 @@ from worker.call.circuit import Breakers
 from worker.constants import TOOL_ALIASES
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
-from worker.http.transport import HttpTransport
+from worker.http.transport import HttpTransport, PoolSpec
 
 # Calls to one upstream under way at once (rendered, sent or being answered), per pooled connection:
 # enough that a connection coming free finds its next request ready.
@@ -50,7 +50,7 @@ class Runtime:
                 raise errors.ToolMisconfigured(
                     f"The tool {name!r} cannot be used because its definition is broken. Tell the operator."
                 )
-            raise errors.UnknownTool(f"There is no tool named {name!r}. Use one of the tools you were given.")
+            raise errors.UnknownTool(name, "Use one of the tools you were given.")
         return tool, self.toolset.upstreams[tool.upstream]
 
     def upstream_of(self, name: str) -> str | None:
@@ -62,7 +62,7 @@ class Runtime:
         """Serve a new set of tools from the next call on (calls in flight keep theirs); pools whose
         upstream settings changed are retired."""
         self.toolset, self._validators, self._turns = toolset, {}, {}
-        self.transport.retire(toolset.upstreams.values())
+        self.transport.retire(pool_spec(upstream) for upstream in toolset.upstreams.values())
 
     def turns(self, upstream: Upstream) -> asyncio.Semaphore:
         """The turns of the calls to one upstream (see `admission.Turn`)."""
@@ -79,3 +79,8 @@ class Runtime:
 
     async def close(self) -> None:
         await self.transport.close()
+
+
+def pool_spec(upstream: Upstream) -> PoolSpec:
+    """The connection pool an upstream's calls share."""
+    return PoolSpec(upstream.name, upstream.verify_tls, upstream.max_concurrency, upstream.timeout_s)

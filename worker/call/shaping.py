@@ -1,13 +1,16 @@
-"""From the upstream's response to the envelope's fields: transform, decode, redact, truncate."""
+"""From a handler's answer to the envelope: the request described, the response transformed, decoded,
+redacted and truncated, or the error."""
 
 from __future__ import annotations
 
 import codecs
 import json
+from typing import Any
 
 import structlog
 
 from worker import errors
+from worker.call.job import Answer, Job
 from worker.definitions.model import Tool, Upstream
 from worker.envelope import ToolResult
 from worker.http.transport import PreparedRequest, Response
@@ -17,14 +20,33 @@ log = structlog.get_logger("toolworker.call")
 _READ_MARGIN_BYTES = 64 * 1024
 
 
-def describe_request(envelope: ToolResult, request: PreparedRequest, upstream: Upstream) -> None:
+def envelope(job: Job, answer: Answer) -> ToolResult:
+    """The envelope of an admitted call, from its handler's answer: the one place that builds it."""
+    request = answer.request
+    described = {} if request is None else _described(request, job.upstream)
+    secrets = frozenset() if request is None else request.secrets
+    try:
+        if answer.error is not None:
+            raise answer.error
+        outcome = {"result": answer.text or ""} if answer.response is None else _shaped(answer.response, job, secrets)
+    except errors.ToolError as exc:
+        outcome = failed(exc)
+    return ToolResult(call_id=job.call.call_id, tool=job.call.tool, attempts=answer.attempts, **described, **outcome)
+
+
+def failed(error: errors.ToolError) -> dict[str, Any]:
+    """The envelope's fields for a call that ended with this error."""
+    return {"error": {"type": error.type, "message": error.message}, "exit_code": error.exit_code}
+
+
+def _described(request: PreparedRequest, upstream: Upstream) -> dict[str, Any]:
     """The request as the envelope shows it: secrets redacted, the body cut like the result."""
-    envelope.method = request.method
-    envelope.url = redact(request.url, request.secrets)
-    envelope.headers = request.redacted_headers()
+    body = None
     if request.body is not None:
         text = request.body[: upstream.max_output_chars * 4].decode("utf-8", "replace")
-        envelope.body = redact(text, request.secrets)[: upstream.max_output_chars]
+        body = redact(text, request.secrets)[: upstream.max_output_chars]
+    url = redact(request.url, request.secrets)
+    return {"method": request.method, "url": url, "headers": request.redacted_headers(), "body": body}
 
 
 def read_limit(tool: Tool, upstream: Upstream) -> int:
@@ -36,12 +58,9 @@ def read_limit(tool: Tool, upstream: Upstream) -> int:
     return min(upstream.max_response_bytes, 4 * chars + _READ_MARGIN_BYTES)
 
 
-def shape_result(
-    envelope: ToolResult, response: Response, tool: Tool, upstream: Upstream, secrets: frozenset[str]
-) -> None:
-    """Fill the envelope from the response: transform, decode, redact, truncate."""
-    envelope.status_code = response.status
-    envelope.content_type = response.content_type
+def _shaped(response: Response, job: Job, secrets: frozenset[str]) -> dict[str, Any]:
+    """The envelope's fields from the response: transform, decode, redact, truncate."""
+    tool, upstream = job.tool, job.upstream
     ok = 200 <= response.status < 300
     text = decode(response.body, response.charset)
     if ok and tool.transform is not None:
@@ -53,15 +72,20 @@ def shape_result(
         text = _transformed(tool, text)
     limit = tool.max_output_chars or upstream.max_output_chars
     text = redact(text, secrets)
-    envelope.result = text[:limit]
-    envelope.truncated = len(text) > limit or not response.complete
+    fields: dict[str, Any] = {
+        "status_code": response.status,
+        "content_type": response.content_type,
+        "result": text[:limit],
+        "truncated": len(text) > limit or not response.complete,
+    }
     if not ok:
-        envelope.exit_code = 22
-        envelope.error = {
+        fields["exit_code"] = 22
+        fields["error"] = {
             "type": "http_error",
             "message": f"The call failed: the upstream answered HTTP {response.status} {response.reason}. "
             "Its response body is in `result`.",
         }
+    return fields
 
 
 def decode(body: bytes, charset: str | None) -> str:

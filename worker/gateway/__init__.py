@@ -9,7 +9,7 @@ over MCP and HTTP: the gateway").
     mcp.py         the MCP server (the `mcp` SDK): tools/list, tools/call, list changes
     discovery.py   discovery mode's meta-tools, for catalogs too large to list
     toolserver.py  XAgent ToolServer-compatible routes
-    rest.py        the native REST API; openapi.py its OpenAPI document; bodies.py request bodies
+    rest.py        the native REST API; openapi_document.py its OpenAPI document; bodies.py request bodies
     security.py    tokens, Origin and body caps; app.py the HTTP application; stdio.py `toolworker mcp`
     metrics.py     the gateway's Prometheus metrics
 

@@ -2,7 +2,7 @@
 
     /mcp            MCP over Streamable HTTP (the `mcp` SDK, stateless: any process answers any request)
     /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
-    /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi.py)
+    /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi_document.py)
     /healthz        ready when a worker answers; /metrics
     /.well-known/oauth-protected-resource[/mcp]   where to get an access token (with `oauth:` access)
 
@@ -29,7 +29,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from worker.gateway import openapi, version
+from worker.gateway import openapi_document as openapi
+from worker.gateway import version
 from worker.gateway.calls import Calls, open_calls
 from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.mcp import McpFront, Mode
@@ -37,7 +38,7 @@ from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resourc
 from worker.gateway.rest import Rest, error
 from worker.gateway.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
 from worker.gateway.toolserver import ToolServer
-from worker.queue.heap import settle_heap
+from worker.heap import settle_heap
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway")

@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from worker.constants import MAX_ARGUMENTS_DEPTH
+
 Model = TypeVar("Model", bound=BaseModel)
 _MAX_PROBLEMS = 5
 
@@ -28,8 +30,14 @@ async def json_body(request: Request) -> Any:
         return {}
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise BadBody(400, "The body is not valid JSON.") from None
+    except RecursionError:  # nested past what can be read: a call's arguments may nest far less anyway
+        raise BadBody(
+            400,
+            "The body is not valid JSON that can be read: it nests too deep "
+            f"(a call's arguments may nest {MAX_ARGUMENTS_DEPTH} levels at most).",
+        ) from None
 
 
 def parse(model: type[Model], data: Any) -> Model:

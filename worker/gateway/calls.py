@@ -26,6 +26,7 @@ from worker import tracing
 from worker.client import AsyncToolClient
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
+from worker.errors import UnknownTool
 from worker.gateway.audit import AuditTrail, Record, now_iso
 from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
@@ -36,14 +37,6 @@ from worker.gateway.withdraw import withdraw
 from worker.settings import Settings
 
 MAX_CALL_ID_CHARS = 256
-
-
-class UnknownTool(LookupError):
-    """The gateway offers no tool of this name."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"There is no tool named {name!r}.")
-        self.name = name
 
 
 class CallIdConflict(ValueError):

@@ -17,7 +17,9 @@ import redis
 import redis.asyncio as aioredis
 import structlog
 
-from worker.definitions import catalog, shared, store
+from worker.definitions import builtin, catalog
+from worker.definitions import file_store as store
+from worker.definitions import redis_store as shared
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.gateway.identity import Grant
 from worker.http.egress import EgressPolicy
@@ -28,12 +30,8 @@ JSON = Any
 
 
 def served_toolset(toolset: ToolSet, settings: Settings) -> ToolSet:
-    """The toolset the workers serve from these definitions (built-in catalog tools included).
-
-    The one place the gateway asks the worker side for it."""
-    from worker.call.run import served_toolset as served
-
-    return served(toolset, EgressPolicy.parse(settings.egress_allow))
+    """The toolset the workers serve from these definitions (built-in catalog tools included)."""
+    return builtin.served_toolset(toolset, EgressPolicy.parse(settings.egress_allow).enabled)
 
 
 def with_tags(toolset: ToolSet, tags: Iterable[str]) -> ToolSet:

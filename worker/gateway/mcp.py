@@ -39,8 +39,9 @@ from starlette.requests import Request
 
 from worker import tracing
 from worker.envelope import ToolResult
+from worker.errors import UnknownTool
 from worker.gateway import discovery, metrics, version
-from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, UnknownTool, check_call_id
+from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import LOCAL, Principal, principal_of

@@ -1,4 +1,4 @@
-"""The native REST API under `/v1` (described by openapi.py), plus `/healthz` and `/metrics`.
+"""The native REST API under `/v1` (described by openapi_document.py), plus `/healthz` and `/metrics`.
 
     POST   /v1/calls              one call: 200 with its envelope, or 202 with its callId (wait: false,
                                   or no envelope within waitSeconds)
@@ -28,12 +28,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker import errors
 from worker.definitions import catalog
 from worker.envelope import ToolResult
+from worker.errors import UnknownTool
 from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body, parse
-from worker.gateway.calls import MAX_CALL_ID_CHARS, CallIdConflict, Calls, CallSpec, Submitted, UnknownTool
+from worker.gateway.calls import MAX_CALL_ID_CHARS, CallIdConflict, Calls, CallSpec, Submitted
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import principal_of
 
@@ -164,7 +164,7 @@ class Rest:
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             call_id = call.callId or str(uuid.uuid4())
-            return ToolResult.failure(call_id, call.tool, errors.UnknownTool(str(exc))).to_dict()
+            return ToolResult.failure(call_id, call.tool, exc).to_dict()
         except CallIdConflict as exc:
             return {
                 "callId": call.callId,

@@ -27,9 +27,10 @@ from starlette.routing import Route
 
 from worker.definitions import catalog
 from worker.envelope import ToolResult
+from worker.errors import UnknownTool
 from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body
-from worker.gateway.calls import Calls, CallSpec, UnknownTool
+from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import principal_of

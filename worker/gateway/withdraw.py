@@ -9,14 +9,13 @@ one meanwhile, neither changes anything). A call already taken runs to its end.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE, TASK_EXECUTE_BATCH
-from worker.definitions.shared import read_routes
-from worker.protocol import redacted_repr
+from worker.constants import DEFAULT_QUEUE
+from worker.definitions.redis_store import read_routes
+from worker.protocol import call_id_needle, without_call
 
 # The waiting messages looked through, newest first (a call further back is about to be taken anyway).
 SCAN_LIMIT = 10_000
@@ -25,13 +24,12 @@ SCAN_LIMIT = 10_000
 async def withdraw(client: aioredis.Redis, tool: str, call_id: str) -> bool:
     """Take the call off its queue; False when it is not waiting there (started, answered or unknown)."""
     queue = (await read_routes(client)).get(tool, DEFAULT_QUEUE)
-    # The call sits in the message's body, a JSON text inside the message's JSON: escaped twice.
-    needle = json.dumps(json.dumps(call_id)[1:-1])[1:-1].encode()
+    needle = call_id_needle(call_id)
     raw_messages: list[Any] = await client.lrange(queue, 0, SCAN_LIMIT - 1)
     for raw in raw_messages:
         if needle not in raw:
             continue
-        found, rest = _without(raw, call_id)
+        found, rest = without_call(raw, call_id)
         if not found:
             continue
         if rest is None:
@@ -42,28 +40,3 @@ async def withdraw(client: aioredis.Redis, tool: str, call_id: str) -> bool:
             inserted, removed = await pipe.execute()
         return bool(inserted > 0 and removed)
     return False
-
-
-def _without(raw: bytes, call_id: str) -> tuple[bool, str | None]:
-    """Whether the message holds the call, and the message without it (None: nothing would be left)."""
-    try:
-        message = json.loads(raw)
-        body = json.loads(message["body"])
-        task = message["headers"]["task"]
-    except (ValueError, KeyError, TypeError):
-        return False, None
-    if task == TASK_EXECUTE:
-        call = body[0][0] if body and body[0] else None
-        return isinstance(call, dict) and call.get("callId") == call_id, None
-    if task != TASK_EXECUTE_BATCH or not body or not body[0] or not isinstance(body[0][0], list):
-        return False, None
-    calls: list[Any] = body[0][0]
-    kept = [c for c in calls if not (isinstance(c, dict) and c.get("callId") == call_id)]
-    if len(kept) == len(calls):
-        return False, None
-    if not kept:
-        return True, None
-    body[0][0] = kept
-    message["body"] = json.dumps(body)
-    message["headers"]["argsrepr"] = redacted_repr([kept])
-    return True, json.dumps(message)

@@ -393,12 +393,15 @@ def _display(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def make_connector(policy: EgressPolicy, **kwargs: Any) -> aiohttp.TCPConnector:
-    """A TCPConnector that checks every connection attempt against the policy; call it on the running loop."""
+def make_connector(
+    policy: EgressPolicy, connector: type[aiohttp.TCPConnector] = aiohttp.TCPConnector, **kwargs: Any
+) -> aiohttp.TCPConnector:
+    """A TCPConnector (of the class given) that checks every connection attempt against the policy; call it
+    on the running loop."""
     if "socket_factory" in kwargs:
         raise TypeError("make_connector installs the egress policy's own socket_factory.")
     options: dict[str, Any] = {"ttl_dns_cache": _DNS_CACHE_TTL_S, **kwargs}
-    return aiohttp.TCPConnector(socket_factory=policy.socket_factory, **options)
+    return connector(socket_factory=policy.socket_factory, **options)
 
 
 def egress_error(exc: BaseException) -> EgressBlocked | None:

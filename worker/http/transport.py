@@ -1,7 +1,8 @@
 """The only module that speaks HTTP: pooled aiohttp sessions, redirects, capped reads, error mapping.
 
-Its input is a `PreparedRequest` (rendered without I/O by worker/call/), its output a `Response`;
-aiohttp's exceptions leave it translated into the tree of worker/errors.py (`translate`).
+Its input is a `PreparedRequest` (rendered without I/O by worker/call/) and the `PoolSpec` of the pool to
+send it on, its output a `Response`; aiohttp's exceptions leave it translated into the tree of
+worker/errors.py (`translate`). It knows nothing of tool definitions.
 """
 
 from __future__ import annotations
@@ -9,15 +10,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ConnectionKey
+from aiohttp.connector import Connection
 from aiohttp.resolver import AsyncResolver
+from aiohttp.tracing import Trace
 from yarl import URL
 
 from worker import errors
 from worker.constants import DEFAULT_MAX_CONCURRENCY, MAX_REDIRECTS, REDACTED
-from worker.definitions.model import Upstream
+from worker.envelope import valid_text
 from worker.http.egress import EgressPolicy, egress_error, make_connector
 from worker.redaction import is_secret_header, redact
 
@@ -26,6 +32,11 @@ _CHUNK_BYTES = 64 * 1024
 # What is left of a body after the read cap is read and dropped if it is at most this and comes this fast.
 _DRAIN_MAX_BYTES = 1024 * 1024
 _DRAIN_MAX_S = 0.1
+# aiohttp's parser messages for a response head over its limits (max_line_size, max_headers).
+_MALFORMED = (
+    ("Too many headers", "too many header lines"),
+    ("Got more than", "a status or header line over the size limit"),
+)
 # Called with each redirect target; raises EgressBlocked when the hop is not allowed.
 RedirectCheck = Callable[[URL], None]
 
@@ -70,9 +81,53 @@ class Response:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What a pool of connections to one upstream is built with."""
+
+    name: str
+    verify_tls: bool
+    max_connections: int
+    # The longest one request on it may run (a retired pool stays open this long for its last calls).
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     max_bytes: int
     connect_timeout_s: float
+
+
+class _GuardedHandler(ResponseHandler):
+    """aiohttp's protocol, told when it sits idle in the pool: bytes that arrive then (a response nobody
+    asked for) would be read as the answer to the next request sent on it, so the connection is closed
+    at once, and the pool, which reuses only connected ones, drops it."""
+
+    idle = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle and data:
+            self.close()
+            return
+        super().data_received(data)
+
+
+class KeepAliveConnector(aiohttp.TCPConnector):
+    """A TCPConnector that never hands out a pooled connection holding unread bytes (as urllib3 does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._factory = cast("partial[ResponseHandler]", partial(_GuardedHandler, loop=self._loop))
+
+    def _release(self, key: ConnectionKey, protocol: ResponseHandler, *, should_close: bool = False) -> None:
+        super()._release(key, protocol, should_close=should_close)
+        if isinstance(protocol, _GuardedHandler) and protocol.is_connected():  # kept in the pool
+            protocol.idle = True
+
+    async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
+        connection = await super()._get(key, traces)
+        if connection is not None and isinstance(connection.protocol, _GuardedHandler):
+            connection.protocol.idle = False
+        return connection
 
 
 @dataclass(slots=True)
@@ -95,33 +150,35 @@ class HttpTransport:
         self._dns_servers = dns_servers or []
         self._background: set[asyncio.Task[None]] = set()
 
-    def session(self, upstream: Upstream, checked: bool) -> aiohttp.ClientSession:
-        key = _pool_key(upstream, checked)
+    def session(self, spec: PoolSpec, checked: bool) -> aiohttp.ClientSession:
+        key = _pool_key(spec, checked)
         pool = self._pools.get(key)
         if pool is None or pool.session.closed:
-            limit = EGRESS_POOL_CONNECTIONS if checked else upstream.max_concurrency
-            pool = self._pools[key] = _Pool(self._new_session(upstream, checked, limit), upstream.timeout_s)
+            limit = EGRESS_POOL_CONNECTIONS if checked else spec.max_connections
+            pool = self._pools[key] = _Pool(self._new_session(spec, checked, limit), spec.timeout_s)
         else:
-            pool.linger_s = max(pool.linger_s, upstream.timeout_s)
+            pool.linger_s = max(pool.linger_s, spec.timeout_s)
         return pool.session
 
-    def retire(self, upstreams: Iterable[Upstream]) -> None:
-        """Close, once their calls are over, the pools that none of these upstreams uses any more."""
-        keep = {key for upstream in upstreams for key in (_pool_key(upstream, False), _pool_key(upstream, True))}
+    def retire(self, specs: Iterable[PoolSpec]) -> None:
+        """Close, once their calls are over, the pools that none of these specs uses any more."""
+        keep = {key for spec in specs for key in (_pool_key(spec, False), _pool_key(spec, True))}
         for key in [key for key in self._pools if key not in keep]:
             pool = self._pools.pop(key)
             self._in_background(_close_later(pool.session, pool.linger_s + _DRAIN_MAX_S + _RETIRE_GRACE_S))
 
-    def _new_session(self, upstream: Upstream, checked: bool, limit: int) -> aiohttp.ClientSession:
+    def _new_session(self, spec: PoolSpec, checked: bool, limit: int) -> aiohttp.ClientSession:
         options: dict[str, Any] = {
             "limit": limit,
             "limit_per_host": 0,
-            "ssl": upstream.verify_tls,
+            "ssl": spec.verify_tls,
             "ttl_dns_cache": 60,
             "resolver": AsyncResolver(nameservers=self._dns_servers) if self._dns_servers else None,
         }
         # The checked pool sees the resolved address of every connection attempt (DNS rebinding too).
-        connector = make_connector(self._policy, **options) if checked else aiohttp.TCPConnector(**options)
+        connector = (
+            make_connector(self._policy, KeepAliveConnector, **options) if checked else KeepAliveConnector(**options)
+        )
         return aiohttp.ClientSession(
             connector=connector,
             # Calls from different users share this pool: never carry cookies between them.
@@ -135,7 +192,7 @@ class HttpTransport:
     async def send(
         self,
         request: PreparedRequest,
-        upstream: Upstream,
+        spec: PoolSpec,
         limits: Limits,
         check_redirect: RedirectCheck,
         trusted_origin: URL | None,
@@ -146,7 +203,7 @@ class HttpTransport:
         egress-checked pool."""
         method, url, headers, body = request.method, URL(request.url, encoded=True), list(request.headers), request.body
         for _ in range(MAX_REDIRECTS + 1):
-            session = self.session(upstream, checked=url.origin() != trusted_origin)
+            session = self.session(spec, checked=url.origin() != trusted_origin)
             response, location, resp = await _send_once(session, method, url, headers, body, limits)
             if location is None:
                 self._release(resp)
@@ -196,7 +253,7 @@ async def _send_once(
     body: bytes | None,
     limits: Limits,
 ) -> tuple[Response, str | None, aiohttp.ClientResponse]:
-    """One request; returns the response still holding its connection (see `Transport._release`)."""
+    """One request; returns the response still holding its connection (see `HttpTransport._release`)."""
     # sock_connect, not connect: waiting for a free pooled connection (max_concurrency) is not a connect
     # failure; the caller's per-attempt budget bounds that wait.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout_s)
@@ -206,7 +263,7 @@ async def _send_once(
             method, url, headers=headers, data=body, allow_redirects=False, timeout=timeout, max_line_size=16384
         )
         try:
-            location = resp.headers.get("Location") if resp.status in _REDIRECTS else None
+            location = _header(resp, "Location") if resp.status in _REDIRECTS else None
             data, complete = (b"", True) if location is not None else await _read_capped(resp, limits.max_bytes, host)
         except BaseException:
             resp.close()
@@ -221,16 +278,24 @@ async def _send_once(
 
 
 def _response(resp: aiohttp.ClientResponse, body: bytes, complete: bool) -> Response:
+    """What the call keeps of a response; its texts made valid Unicode here, where bytes became text."""
     return Response(
         status=resp.status,
-        reason=resp.reason or "",
-        content_type=resp.headers.get("Content-Type"),
-        charset=resp.charset,
+        reason=valid_text(resp.reason or ""),
+        content_type=_header(resp, "Content-Type"),
+        charset=None if resp.charset is None else valid_text(resp.charset),
         body=body,
         complete=complete,
-        url=str(resp.url),
-        retry_after=resp.headers.get("Retry-After"),
+        url=valid_text(str(resp.url)),
+        retry_after=_header(resp, "Retry-After"),
     )
+
+
+def _header(resp: aiohttp.ClientResponse, name: str) -> str | None:
+    """A response header's value as valid Unicode: aiohttp carries bytes that are not UTF-8 as lone
+    surrogates (surrogateescape); `valid_text` reads them as Latin-1."""
+    value = resp.headers.get(name)
+    return None if value is None else valid_text(value)
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, host: str) -> tuple[bytes, bool]:
@@ -272,11 +337,11 @@ async def _drain_or_close(resp: aiohttp.ClientResponse) -> None:
             resp.close()
 
 
-def _pool_key(upstream: Upstream, checked: bool) -> tuple[object, ...]:
+def _pool_key(spec: PoolSpec, checked: bool) -> tuple[object, ...]:
     # The checked pool is shared by every caller with the same TLS setting.
     if checked:
-        return ("(egress-checked)", upstream.verify_tls)
-    return (upstream.name, upstream.verify_tls, upstream.max_concurrency)
+        return ("(egress-checked)", spec.verify_tls)
+    return (spec.name, spec.verify_tls, spec.max_connections)
 
 
 async def _close_later(session: aiohttp.ClientSession, delay_s: float) -> None:
@@ -284,6 +349,15 @@ async def _close_later(session: aiohttp.ClientSession, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
     finally:
         await session.close()
+
+
+def _malformed(parser_message: str) -> str:
+    """What was wrong with a response aiohttp could not parse, in our words: its own message quotes the
+    upstream's bytes, which are no text for the model (nor for the log)."""
+    for prefix, what in _MALFORMED:
+        if parser_message.startswith(prefix):
+            return what
+    return "a malformed status line or header, or more bytes than its Content-Length announced"
 
 
 def translate(exc: BaseException, host: str) -> errors.ToolError:
@@ -303,6 +377,8 @@ def translate(exc: BaseException, host: str) -> errors.ToolError:
         return errors.ConnectFailed(f"Could not connect to {host}.")
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return errors.EmptyResponse(f"{host} closed the connection without sending a response.")
+    if isinstance(exc, aiohttp.ClientResponseError):  # aiohttp's parser refused what came as the response
+        return errors.ReceiveFailed(f"The response from {host} is not valid HTTP: {_malformed(exc.message)}.")
     if isinstance(exc, aiohttp.ClientError | OSError):
         return errors.ReceiveFailed(f"Receiving the response from {host} failed.")
     return errors.InternalError("The request failed inside the worker.")

@@ -13,13 +13,18 @@ from collections.abc import Awaitable, Coroutine, Mapping
 from concurrent.futures import Future
 from typing import Any
 
+from celery.exceptions import Reject
+
 from worker import tracing
 from worker.constants import TASK_EXECUTE
-from worker.definitions import shared
+from worker.definitions import redis_store as shared
 from worker.loop import process_loop
+from worker.queue.outcome import PublishFailed
 from worker.queue.service import Service, build_service
 from worker.settings import get_settings
 
+# How long a message whose result could not be published waits before it goes back to the queue.
+REQUEUE_PAUSE_S = 0.5
 _service: tuple[int, Service, Future[None] | None] | None = None
 _lock = threading.Lock()
 
@@ -78,7 +83,12 @@ def serve_task(
 
 
 async def _bounded(work: Awaitable[Any], limit_s: float) -> Any:
-    return await asyncio.wait_for(work, limit_s)
+    try:
+        return await asyncio.wait_for(work, limit_s)
+    except PublishFailed as exc:  # Celery then rejects the message with requeue, on either pool
+        # A pause first, so that a Redis refusing writes is not sent the same call in a tight loop.
+        await asyncio.sleep(REQUEUE_PAUSE_S)
+        raise Reject(str(exc), requeue=True) from exc
 
 
 async def _first(summaries: Awaitable[list[dict[str, Any]]]) -> dict[str, Any] | None:

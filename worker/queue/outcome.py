@@ -14,6 +14,11 @@ class CallFailed(Exception):
     """A call message whose calls did not all succeed (exit code not 0)."""
 
 
+class PublishFailed(Exception):
+    """A call message whose results could not all be published (Redis failed): it must not be
+    acknowledged, but handed back to the queue (`worker.queue.bridge` makes it Celery's Reject)."""
+
+
 def failure(summaries: Any) -> CallFailed | None:
     """The failure to report for a message's summaries (one dict, or a batch's list), None when all succeeded."""
     items = [s for s in (summaries if isinstance(summaries, list) else [summaries]) if isinstance(s, dict)]

@@ -80,7 +80,7 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
             try:  # the summary's repr (a batch's is long) is made here, off the loop
                 summaries = future.result()
                 outcome = _failed(failure(summaries), runtime) or (0, saferepr(summaries, _RESULT_REPR_CHARS), runtime)
-            except BaseException:  # Celery's failure path records and acknowledges it
+            except BaseException:  # Celery's failure path acknowledges it (a Reject: hands it back instead)
                 outcome = (1, ExceptionInfo(), runtime)
             callback(outcome)
         finally:

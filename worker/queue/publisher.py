@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
 from redis.exceptions import NoScriptError
 
+from worker import errors
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
-from worker.envelope import ToolResult
-from worker.protocol import envelope_from_meta, result_meta
+from worker.envelope import ToolResult, valid_text
+from worker.protocol import result_meta
+
+log = structlog.get_logger("toolworker.publisher")
 
 # KEYS: done marker, result key, reply stream (optional). ARGV: meta, ttl, envelope, stream maxlen.
 # SET NX on the marker makes a redelivered call's second publication a no-op.
@@ -52,48 +55,66 @@ class Publisher:
         await asyncio.sleep(0)  # one tick: results finishing together join this round trip
         items, self._pending, self._flusher = self._pending, [], None
         try:
-            outcomes = await self.publish([(result, reply_to) for result, reply_to, _ in items])
+            outcomes = await self._outcomes([(result, reply_to) for result, reply_to, _ in items])
         except Exception as exc:  # each caller sees the failure and decides
-            for _, _, future in items:
-                future.set_exception(exc)
-            return
+            outcomes = [exc] * len(items)
         for (_, _, future), outcome in zip(items, outcomes, strict=True):
-            future.set_result(outcome)
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(bool(outcome))
 
     async def already_done(self, call_ids: list[str]) -> set[str]:
         """The calls of this list whose result was published already (a redelivered message)."""
         if not call_ids:
             return set()
-        flags = await self.client.mget([DONE_KEY_PREFIX + c for c in call_ids])
+        flags = await self.client.mget([DONE_KEY_PREFIX + valid_text(c) for c in call_ids])
         return {c for c, flag in zip(call_ids, flags, strict=True) if flag is not None}
 
     async def publish(self, results: list[tuple[ToolResult, str | None]]) -> list[bool]:
-        """Publish (envelope, replyTo) pairs in one round trip; False where already published."""
-        calls = [self._script_call(result, reply_to) for result, reply_to in results]
-        try:
-            outcomes = await self._evalsha(calls)
-        except NoScriptError:  # a new or flushed server: nothing ran, so running it all again is safe
-            await self.client.script_load(_PUBLISH)
-            outcomes = await self._evalsha(calls)
+        """Publish (envelope, replyTo) pairs in one round trip; False where already published. Raises the
+        first failure (every other pair was still published)."""
+        outcomes = await self._outcomes(results)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
         return [bool(o) for o in outcomes]
 
+    async def _outcomes(self, results: list[tuple[ToolResult, str | None]]) -> list[Any]:
+        """Each pair's outcome (1, 0 or the error its script met): one pair's failure (a replyTo key that
+        is no stream) is its own. Raises when the round trip itself failed."""
+        calls = [self._script_call(result, reply_to) for result, reply_to in results]
+        outcomes = await self._evalsha(calls)
+        unloaded = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, NoScriptError)]
+        if unloaded:  # a new or flushed server: those scripts did not run, so running them again is safe
+            await self.client.script_load(_PUBLISH)
+            for i, outcome in zip(unloaded, await self._evalsha([calls[i] for i in unloaded]), strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
     def _script_call(self, result: ToolResult, reply_to: str | None) -> list[Any]:
-        envelope = json.dumps(result.to_dict(), ensure_ascii=False)
-        keys = [DONE_KEY_PREFIX + result.call_id, RESULT_KEY_PREFIX + result.call_id]
+        envelope = _serialized(result)
+        call_id = valid_text(result.call_id)  # as the envelope names it
+        keys = [DONE_KEY_PREFIX + call_id, RESULT_KEY_PREFIX + call_id]
         if reply_to:
-            keys.append(reply_to)
-        return [len(keys), *keys, result_meta(result.call_id, envelope), self._ttl_s, envelope, self._stream_maxlen]
+            keys.append(valid_text(reply_to))
+        return [len(keys), *keys, result_meta(call_id, envelope), self._ttl_s, envelope, self._stream_maxlen]
 
     async def _evalsha(self, calls: list[list[Any]]) -> list[Any]:
         # EVALSHA on a plain pipeline: redis-py's Script objects would send SCRIPT EXISTS every time.
         async with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 pipe.evalsha(_PUBLISH_SHA, *call)
-            outcomes: list[Any] = await pipe.execute()
+            outcomes: list[Any] = await pipe.execute(raise_on_error=False)
         return outcomes
 
 
-async def stored_envelope(client: aioredis.Redis, call_id: str) -> dict[str, Any] | None:
-    """The envelope published for a call, None while there is none (read by clients; kept for the TTL)."""
-    raw = await client.get(RESULT_KEY_PREFIX + call_id)
-    return None if raw is None else envelope_from_meta(raw)
+def _serialized(result: ToolResult) -> str:
+    """The envelope as JSON, whatever it holds: one that cannot be encoded is replaced by an internal
+    error envelope for the same call, so that the call is still answered."""
+    try:
+        return result.to_json()
+    except (ValueError, TypeError, RecursionError) as exc:
+        log.error("result.unencodable", callId=valid_text(result.call_id), reason=type(exc).__name__)
+        error = errors.InternalError("The worker could not encode this call's result; the call may have run.")
+        return ToolResult.failure(result.call_id, result.tool, error).to_json()

@@ -15,15 +15,18 @@ import redis
 import structlog
 
 from worker import errors, metrics, tracing
-from worker.call.run import run_call, served_toolset
+from worker.call.run import run_call
 from worker.call.runtime import Runtime
 from worker.connections import connect
-from worker.definitions import shared, store
+from worker.definitions import file_store as store
+from worker.definitions import redis_store as shared
+from worker.definitions.builtin import served_toolset
 from worker.definitions.model import ToolSet
 from worker.envelope import ToolResult
 from worker.http.egress import EgressPolicy
 from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall, parse_call, reply_stream
+from worker.queue.outcome import PublishFailed
 from worker.queue.publisher import Publisher
 from worker.settings import Settings
 
@@ -46,16 +49,39 @@ class Service:
         stays once per callId either way."""
         received_at = time.time()
         parsed = [_parse(message, task_id, i if batch else None) for i, message in enumerate(messages)]
-        done = await self.publisher.already_done([p[0].call_id for p in parsed]) if redelivered else set()
+        done = await self._already_done([p[0].call_id for p in parsed]) if redelivered else set()
         if done:
             log.info("call.already_answered", callIds=sorted(done))
         pending = [p for p in parsed if p[0].call_id not in done]
-        return list(await asyncio.gather(*(self._answer(item, reply_to, received_at) for item, reply_to in pending)))
+        # Every call of the message runs to its end before a failure hands the message back.
+        outcomes = await asyncio.gather(
+            *(self._answer(item, reply_to, received_at) for item, reply_to in pending), return_exceptions=True
+        )
+        summaries = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+        if len(summaries) < len(outcomes):
+            raise next(outcome for outcome in outcomes if isinstance(outcome, BaseException))
+        return summaries
+
+    async def _already_done(self, call_ids: list[str]) -> set[str]:
+        try:
+            return await self.publisher.already_done(call_ids)
+        except Exception as exc:  # unknown whether they were answered: the message goes back, not done
+            log.error("call.done_check_failed", callIds=call_ids, reason=_reason(exc))
+            raise PublishFailed("Could not check whether the calls were answered already.") from exc
+
+    async def _publish(self, result: ToolResult, reply_to: str | None) -> None:
+        """Publish the envelope; a failure is logged and raised as PublishFailed, so that the message is
+        handed back rather than acknowledged with its call unanswered."""
+        try:
+            await self.publisher.publish_one(result, reply_to)
+        except Exception as exc:
+            log.error("call.publish_failed", callId=result.call_id, tool=result.tool, reason=_reason(exc))
+            raise PublishFailed(f"The result of call {result.call_id} could not be published.") from exc
 
     async def _answer(self, item: ToolCall | ToolResult, reply_to: str | None, received_at: float) -> dict[str, Any]:
         if isinstance(item, ToolResult):  # not a call
             result = item
-            await self.publisher.publish_one(result, reply_to)
+            await self._publish(result, reply_to)
         else:
             result = await self._traced(item, reply_to, received_at)
         summary = {"callId": result.call_id, "tool": result.tool, "exitCode": result.exit_code}
@@ -73,17 +99,22 @@ class Service:
             error_type = None if result.error is None else str(result.error.get("type"))
             tracing.answered(span, upstream, result.exit_code, result.status_code, result.attempts, error_type)
             with tracing.publishing(tool):
-                await self.publisher.publish_one(result, reply_to)
+                await self._publish(result, reply_to)
         return result
 
     async def switch(self, version: int, toolset: ToolSet) -> None:
         """Serve a newly published definitions version from the next call on."""
-        self.runtime.swap(served_toolset(_loaded(toolset, f"redis v{version}"), self.runtime.policy))
+        self.runtime.swap(served_toolset(_loaded(toolset, f"redis v{version}"), self.runtime.policy.enabled))
         self.definitions_version = version
 
     async def close(self) -> None:
         await self.runtime.close()
         await self.publisher.client.aclose()
+
+
+def _reason(exc: Exception) -> str:
+    """What went wrong, for the log: the error's type and the start of its text (Redis errors name no value)."""
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 def _parse(message: Any, task_id: str, index: int | None) -> tuple[ToolCall | ToolResult, str | None]:
@@ -110,7 +141,7 @@ def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> 
     version, toolset = _initial_definitions(settings, bundles)
     client = connect(settings.redis_url)
     runtime = Runtime(
-        toolset=served_toolset(toolset, policy),
+        toolset=served_toolset(toolset, policy.enabled),
         environ=dict(os.environ),
         transport=HttpTransport(policy, settings.dns_server_list),
         policy=policy,

@@ -10,10 +10,10 @@ from celery.worker.request import Request
 
 from worker import metrics
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.heap import settle_heap
 from worker.protocol import redacted_repr
 from worker.queue.app import app
 from worker.queue.bridge import close_process_service, process_service, run_task
-from worker.queue.heap import settle_heap
 from worker.queue.outcome import CallFailed, failure
 
 

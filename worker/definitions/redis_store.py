@@ -1,4 +1,4 @@
-"""The shared store: definitions published to Redis as numbered versions, so that every worker (and
+"""The Redis store: definitions published to Redis as numbered versions, so that every worker (and
 client) serves one catalog, and a new version reaches running workers without a restart.
 
 This module owns its Redis keys: the versions and bundles (DEFINITIONS_*), and the routes (tool ->
@@ -24,8 +24,8 @@ import structlog
 from redis.exceptions import RedisError
 
 from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY, DEFINITIONS_VERSION_KEY, ROUTES_KEY
+from worker.definitions.file_store import definition_files, load
 from worker.definitions.model import Problem, ToolSet
-from worker.definitions.store import definition_files, load
 
 log = structlog.get_logger("toolworker.definitions")
 

@@ -1,6 +1,6 @@
 """The file store: read every definitions file below a folder and check the tools against each other.
 
-(The shared store, in Redis, is `shared.py`.)"""
+(The store that workers share through Redis is `redis_store.py`.)"""
 
 from __future__ import annotations
 
