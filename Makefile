@@ -42,7 +42,14 @@ $(VENV)/tools/promtool:
 	cp $(VENV)/tools/deb/root/usr/bin/promtool $@
 	rm -rf $(VENV)/tools/deb
 
-test: install lint check-deploy
+# A real OpenID Provider for the gateway's OAuth tests (tests/support/oidc_server.mjs): oidc-provider from
+# npm, into the venv's own folder. The 8.x line runs on Node 20 (9.x asks for Node 22).
+OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
+
+$(OIDC_PROVIDER):
+	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
+
+test: install lint check-deploy $(OIDC_PROVIDER)
 	$(BIN)/pytest
 
 test-fast: install

@@ -56,14 +56,16 @@ Call = Callable[[int], Awaitable[None]]
 
 
 @contextmanager
-def gateway(redis_url: str, definitions: Path) -> Iterator[tuple[str, int]]:
-    """`toolworker gateway` on a free loopback port (no tokens); yields its URL and pid once it answers."""
+def gateway(redis_url: str, definitions: Path, **settings: str) -> Iterator[tuple[str, int]]:
+    """`toolworker gateway` on a free loopback port (no tokens unless `settings` name some); yields its URL
+    and pid once it answers."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "OTEL_"))}
     env |= {
         "TOOLWORKER_REDIS_URL": redis_url,
         "TOOLWORKER_DEFINITIONS": str(definitions),
         "TOOLWORKER_LOG_LEVEL": "WARNING",
+        **settings,
     }
     argv = [sys.executable, "-m", "worker", "gateway", "--port", str(port)]
     with tempfile.TemporaryDirectory() as tmp, pipeline.process_group(argv, env, Path(tmp) / "gateway.log") as pid:
@@ -133,8 +135,9 @@ async def _direct(redis_url: str, calls: int, concurrency: int) -> Sample:
         await client.aclose()
 
 
-async def _rest(url: str, calls: int, concurrency: int) -> Sample:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+async def _rest(url: str, calls: int, concurrency: int, headers: dict[str, str] | None = None) -> Sample:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
 
         async def call(i: int) -> None:
             body = {"tool": pipeline.TOOL, "arguments": {"i": i}}
@@ -146,8 +149,9 @@ async def _rest(url: str, calls: int, concurrency: int) -> Sample:
         return await _measure(call, calls, concurrency)
 
 
-async def _mcp(url: str, calls: int, concurrency: int) -> Sample:
+async def _mcp(url: str, calls: int, concurrency: int, auth: dict[str, str] | None = None) -> Sample:
     headers = {
+        **(auth or {}),
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": MODERN,
         "Mcp-Method": "tools/call",

@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import gateway, pipeline, tracing
+from benchmarks import gateway, identity, pipeline, tracing
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -512,19 +512,23 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     results["load_average_before"] = os.getloadavg()[0]
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
-        if not (args.gateway_only or args.tracing_only):
+        if not (args.gateway_only or args.tracing_only or args.identity_only):
             print("matrix", file=sys.stderr, flush=True)
             results["rows"], results["light_load"] = run_matrix(server, sizes, args)
             print("memory: calls in flight, big bodies", file=sys.stderr, flush=True)
             results["in_flight"] = run_in_flight(server.url, sizes)
             results["big_bodies"] = run_big_bodies(server.url, sizes)
-        if not args.tracing_only:
+        if not (args.tracing_only or args.identity_only):
             print("gateway: MCP and REST against the direct client", file=sys.stderr, flush=True)
             results["gateway"] = gateway.run(server.url, sizes.calls, sizes.light_calls)
-        if not args.gateway_only:
+        if not (args.gateway_only or args.identity_only):
             print("tracing: off, 10% and 100% sampled", file=sys.stderr, flush=True)
             rounds = 1 if args.quick else TRACING_ROUNDS
             results["tracing"] = tracing.run(server.url, sizes.calls, rounds, args.reference_tree)
+        if not (args.gateway_only or args.tracing_only):
+            print("identity: static tokens and JWT at the gateway", file=sys.stderr, flush=True)
+            rounds = 1 if args.quick else TRACING_ROUNDS
+            results["identity"] = identity.run(server.url, sizes.calls, sizes.light_calls, rounds)
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -541,6 +545,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--gateway-only", action="store_true", help="only the gateway's rows (about two minutes)")
     parser.add_argument("--tracing-only", action="store_true", help="only the tracing rows (about two minutes)")
+    parser.add_argument("--identity-only", action="store_true", help="only the gateway's JWT-against-static rows")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     return parser.parse_args(argv)
 
@@ -567,6 +572,8 @@ def main(argv: list[str] | None = None) -> None:
         gateway.print_section(results["gateway"])
     if results.get("tracing"):
         tracing.print_section(results["tracing"])
+    if results.get("identity"):
+        identity.print_section(results["identity"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:

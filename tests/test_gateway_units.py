@@ -18,9 +18,11 @@ from worker.gateway import discovery
 from worker.gateway.catalog import Snapshot, with_tags
 from worker.gateway.claims import Claim, Claims
 from worker.gateway.headers import forwarded
+from worker.gateway.identity import static_tokens
 from worker.gateway.mcp import _decode_cursor, _encode_cursor, result_text, tool_result
-from worker.gateway.security import Guard
+from worker.gateway.security import Gatekeeper, Guard
 from worker.protocol import task_message, without_call
+from worker.settings import Settings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -145,7 +147,7 @@ async def _ok(scope: Any, receive: Any, send: Any) -> None:
 
 async def test_guard_checks_tokens_origin_and_size() -> None:
     """Bearer tokens (any of them), /healthz open, Origin on /mcp, and the body cap, all as JSON errors."""
-    guard = Guard(_ok, ["t1", "t2"], [], max_body_bytes=10)
+    guard = Guard(_ok, Gatekeeper(static_tokens(Settings(gateway_tokens="t1,t2"), None)), [], max_body_bytes=10)
     assert (await _asgi(guard, "/v1/calls", {}))[0] == 401
     assert (await _asgi(guard, "/v1/calls", {"Authorization": "Bearer nope"}))[0] == 401
     assert (await _asgi(guard, "/v1/calls", {"Authorization": "Basic t1"}))[0] == 401

@@ -116,9 +116,9 @@ def test_plain_redis_example(demo_stack: str) -> None:
 
 def test_documented_commands_exist() -> None:
     """Every `toolworker` subcommand the README shows answers --help."""
-    pattern = r"toolworker (worker|call|tools|schema|validate|import-openapi|dev|gateway|mcp)\b"
+    pattern = r"toolworker (worker|call|tools|schema|validate|import-openapi|dev|gateway|mcp|audit)\b"
     commands = set(re.findall(pattern, README))
-    assert commands >= {"worker", "call", "tools", "schema", "validate", "import-openapi", "gateway", "mcp"}
+    assert commands >= {"worker", "call", "tools", "schema", "validate", "import-openapi", "gateway", "mcp", "audit"}
     for command in sorted(commands):
         done = subprocess.run([sys.executable, "-m", "worker", command, "--help"], capture_output=True, timeout=60)
         assert done.returncode == 0, (command, done.stderr)
@@ -158,3 +158,20 @@ def test_authentication_example_loads(tmp_path: Path) -> None:
     assert toolset.problems == []
     kinds = {name: upstream.auth.type for name, upstream in toolset.upstreams.items() if upstream.auth}
     assert sorted(kinds.values()) == ["api_key", "basic", "bearer", "bearer", "oauth2_client_credentials"]
+
+
+def test_access_file_example_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's access file is valid: its tokens resolve, its scopes grant, its audience is as written."""
+    from worker.gateway.identity import access_problems, load_access
+    from worker.settings import Settings
+
+    [block] = [b for b in code_blocks("yaml") if "principal_claim" in b]
+    secret = tmp_path / "ops-token"
+    secret.write_text("ops-secret")
+    path = tmp_path / "access.yaml"
+    path.write_text(block.replace("/run/secrets/ops-token", str(secret)))
+    monkeypatch.setenv("CI_BOT_TOKEN", "ci-secret")
+    assert access_problems(Settings(gateway_access=path)) == []
+    access = load_access(path)
+    assert access.oauth is not None and access.oauth.audience == "https://tools.example.com/mcp"
+    assert access.oauth.scopes["tools.all"].grant().everything

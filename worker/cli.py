@@ -104,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check definitions; lists every problem, non-zero on any")
     validate.add_argument("paths", nargs="*", type=Path)
     validate.set_defaults(handler=_validate)
+
+    audit = commands.add_parser("audit", help="the gateway's audit trail: one JSON line per call it took")
+    audit.add_argument("--principal", metavar="P", help="only this principal's calls")
+    audit.add_argument("--since", metavar="T", help="from this time on: ISO 8601, or an age like 15m, 2h, 7d")
+    audit.set_defaults(handler=_audit)
     return parser
 
 
@@ -374,10 +379,41 @@ def _validate(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
     for unset in unset_settings(toolset, os.environ):
         print(f"unset: {unset}", file=sys.stderr)
-    count = len(toolset.problems)
+    count = len(toolset.problems) + _access_problems()
     summary = f"{len(toolset.tools)} tools, {len(toolset.upstreams)} upstreams, {count} problem{'s' * (count != 1)}"
     print(summary)
     return 1 if count else 0
+
+
+def _access_problems() -> int:
+    """The gateway's access file (TOOLWORKER_GATEWAY_ACCESS), when there is one: its problems, printed."""
+    from worker.gateway.identity import access_problems
+
+    problems = access_problems(get_settings())
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return len(problems)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import redis
+
+    from worker.gateway import audit
+
+    settings = get_settings()
+    try:
+        start_ms = audit.since_ms(args.since) if args.since else 0
+    except ValueError as exc:
+        print(f"toolworker audit: {exc}", file=sys.stderr)
+        return 64
+    _check_redis(settings)
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    try:
+        for record in audit.read(client, args.principal, start_ms):
+            print(json.dumps(record, ensure_ascii=False))
+    finally:
+        client.close()
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

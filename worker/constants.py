@@ -69,3 +69,7 @@ GATEWAY_CALL_KEY_PREFIX = "toolworker:gateway:call:"
 # How far past its timeout a client may wait for a call: reading the result store once the timeout has
 # passed, and telling a lost Redis from a call nobody answered, take at most this long.
 CLIENT_SLACK_S = 2.0
+
+# The audit trail: one entry per call the gateway takes (who, which tool, callId, exit code), capped by
+# TOOLWORKER_AUDIT_STREAM_MAXLEN; written by worker/gateway/audit.py, read by `toolworker audit`.
+AUDIT_STREAM_KEY = "toolworker:audit"

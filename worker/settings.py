@@ -55,6 +55,13 @@ class Settings(BaseSettings):
     gateway_page_size: int = Field(100, ge=1, le=1000)
     # How long a call waits for its envelope unless the request says otherwise.
     gateway_call_timeout_seconds: float = Field(60.0, gt=0, le=86_400)
+    # Principals: named tokens, OAuth 2.1 access tokens, their grants and tenants (worker/gateway/identity.py).
+    gateway_access: Path | None = None
+    # The gateway's URL as its clients reach it (behind a load balancer: the public one); the OAuth
+    # resource is this + /mcp, and the Protected Resource Metadata names it.
+    gateway_public_url: str = ""
+    # Longest the audit stream (one entry per call the gateway takes) grows to; older entries are trimmed.
+    audit_stream_maxlen: int = Field(1_000_000, ge=1)
 
     @property
     def gateway_token_list(self) -> list[str]:

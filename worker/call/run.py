@@ -36,7 +36,9 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
     """Run one call; every outcome, including a bug in the worker, is an envelope."""
     started = time.perf_counter()
     # Each call runs in an asyncio task of its own, so its context (and these bindings) die with it.
-    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool)
+    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool, tenant=call.tenant)
+    if call.principal is not None:  # made through the gateway: by whom (a name, never a credential)
+        structlog.contextvars.bind_contextvars(principal=call.principal)
     try:
         job = admit(call, runtime, time.time() if received_at is None else received_at)
         envelope = shaping.envelope(job, await HANDLERS[job.tool.kind].answer(job, runtime))

@@ -10,7 +10,10 @@ over MCP and HTTP: the gateway").
     discovery.py   discovery mode's meta-tools, for catalogs too large to list
     toolserver.py  XAgent ToolServer-compatible routes
     rest.py        the native REST API; openapi_document.py its OpenAPI document; bodies.py request bodies
-    security.py    tokens, Origin and body caps; app.py the HTTP application; stdio.py `toolworker mcp`
+    security.py    who calls (bearer tokens), Origin, body caps; app.py the HTTP application; stdio.py `toolworker mcp`
+    identity.py    principals, their grants and tenants, the access file
+    oauth.py       OAuth 2.1 access tokens (JWT) checked as a resource server; Protected Resource Metadata
+    audit.py       one record per call taken, in a capped Redis stream and the logs (`toolworker audit`)
     metrics.py     the gateway's Prometheus metrics
 
 The gateway never sends a request to an upstream: every call is a queued call, answered by a worker.

@@ -4,10 +4,11 @@
     /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
     /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi_document.py)
     /healthz        ready when a worker answers; /metrics
+    /.well-known/oauth-protected-resource[/mcp]   where to get an access token (with `oauth:` access)
 
 The process keeps no state of its own between requests: calls wait on the queue and their envelopes in
 Redis, so any number of gateway processes can run behind a load balancer, and one can die and restart.
-Every request passes the Guard (security.py) first.
+Every request passes the Guard (security.py) first; it names the request's principal (identity.py).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from worker.gateway import openapi_document as openapi
 from worker.gateway import version
 from worker.gateway.calls import Calls, open_calls
+from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.mcp import McpFront, Mode
+from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
 from worker.gateway.rest import Rest, error
-from worker.gateway.security import BODY_SCOPE_KEY, Guard, is_loopback, origins
+from worker.gateway.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
 from worker.gateway.toolserver import ToolServer
 from worker.heap import settle_heap
 from worker.settings import Settings
@@ -70,8 +73,24 @@ class _McpEndpoint:
         await (self._late.streaming if streamed else self._late.mcp).handle_request(scope, receive, send)
 
 
-def create_app(settings: Settings, options: Options) -> ASGIApp:
+def identity(settings: Settings) -> tuple[Gatekeeper, list[Route]]:
+    """Who may call (the tokens and the OAuth issuer the settings and access file name), and the routes of
+    the Protected Resource Metadata; raises AccessFileError."""
+    access = read_access(settings)
+    tokens = static_tokens(settings, access)
+    if access is None or access.oauth is None:
+        return Gatekeeper(tokens), []
+    resource = audience(settings, access.oauth)
+    verifier = JwtVerifier(access.oauth, resource)
+    routes = protected_resource_routes(resource, access.oauth)
+    return Gatekeeper(tokens, verifier, resource_metadata_url(resource)), routes
+
+
+def create_app(
+    settings: Settings, options: Options, gatekeeper: tuple[Gatekeeper, list[Route]] | None = None
+) -> ASGIApp:
     late = _Late()
+    keeper, metadata_routes = gatekeeper or identity(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -93,13 +112,13 @@ def create_app(settings: Settings, options: Options) -> ASGIApp:
     app = Starlette(
         routes=[
             Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+            *metadata_routes,
         ],
         lifespan=lifespan,
         exception_handlers={404: _not_found, 405: _not_allowed},
     )
-    tokens = settings.gateway_token_list
     allowed = origins(settings.gateway_allowed_origins)
-    guard = Guard(app, tokens, allowed, settings.gateway_max_body_bytes, mcp=_McpEndpoint(late))
+    guard = Guard(app, keeper, allowed, settings.gateway_max_body_bytes, mcp=_McpEndpoint(late))
     return guard
 
 
@@ -128,15 +147,17 @@ async def _not_allowed(request: Request, exc: Any) -> Response:
     return error(405, "method_not_allowed", "This route does not take that method.")
 
 
-def bind_host(settings: Settings, host: str | None) -> str:
+def bind_host(settings: Settings, host: str | None, authenticated: bool | None = None) -> str:
     """The address to listen on: without tokens, loopback only, whatever was asked."""
     wanted = host or settings.gateway_host
-    if settings.gateway_token_list or is_loopback(wanted):
+    if authenticated is None:
+        authenticated = bool(settings.gateway_token_list)
+    if authenticated or is_loopback(wanted):
         return wanted
     log.warning(
         "gateway.loopback_only",
         asked=wanted,
-        reason="TOOLWORKER_GATEWAY_TOKENS is empty: without tokens the gateway serves 127.0.0.1 only",
+        reason="TOOLWORKER_GATEWAY_TOKENS is empty and no access file names a token: it serves 127.0.0.1 only",
     )
     return "127.0.0.1"
 
@@ -144,9 +165,16 @@ def bind_host(settings: Settings, host: str | None) -> str:
 def serve(settings: Settings, options: Options, host: str | None = None, port: int | None = None) -> int:
     import uvicorn
 
-    address = bind_host(settings, host)
+    try:
+        gatekeeper = identity(settings)
+    except AccessFileError as exc:
+        print(f"toolworker gateway: {exc}", file=sys.stderr)
+        return 78
+    keeper = gatekeeper[0]
+    address = bind_host(settings, host, keeper.required)
     chosen_port = settings.gateway_port if port is None else port
-    auth = "bearer tokens" if settings.gateway_token_list else "no tokens (loopback only)"
+    auth = ("OAuth access tokens and " if keeper.verifier else "") + "bearer tokens"
+    auth = auth if keeper.required else "no tokens (loopback only)"
     print(
         f"toolworker gateway on http://{address}:{chosen_port} (MCP at /mcp, ToolServer at /toolserver, "
         f"REST at /v1; {auth}; mode {options.mode}"
@@ -156,7 +184,7 @@ def serve(settings: Settings, options: Options, host: str | None = None, port: i
         flush=True,
     )
     config = uvicorn.Config(
-        create_app(settings, options),
+        create_app(settings, options, gatekeeper),
         host=address,
         port=chosen_port,
         log_level="warning",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -26,10 +27,12 @@ from worker.client import AsyncToolClient
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.errors import UnknownTool
-from worker.gateway.catalog import Catalog
+from worker.gateway.audit import AuditTrail, Record, now_iso
+from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
 from worker.gateway.headers import forwarded
 from worker.gateway.health import FleetHealth
+from worker.gateway.identity import LOCAL, Principal
 from worker.gateway.withdraw import withdraw
 from worker.settings import Settings
 
@@ -51,6 +54,8 @@ class CallSpec:
     timeout_s: float = 60.0
     # The caller's W3C trace context (MCP `_meta`); else the HTTP `traceparent` header is looked for.
     trace: Mapping[str, str] = field(default_factory=dict)
+    # Who asks: its name and tenant go with the call; its grant decides which tools it may call.
+    principal: Principal = LOCAL
 
 
 @dataclass(frozen=True)
@@ -59,20 +64,36 @@ class Submitted:
     tool: Tool
     # False when the callId was known: the call was not enqueued again.
     enqueued: bool
+    principal: Principal = LOCAL
+    taken_at: str = ""
+    started_s: float = 0.0
 
 
 class Calls:
     def __init__(
-        self, client: AsyncToolClient, redis: aioredis.Redis, catalog: Catalog, health: FleetHealth, claim_ttl_s: int
+        self,
+        client: AsyncToolClient,
+        redis: aioredis.Redis,
+        catalog: Catalog,
+        health: FleetHealth,
+        claim_ttl_s: int,
+        audit: AuditTrail | None = None,
     ) -> None:
         self.client = client
         self.catalog = catalog
         self.health = health
         self._redis = redis
         self._claims = Claims(redis, claim_ttl_s)
+        self._audit = audit
 
-    def resolve(self, name: str) -> Tool:
-        tool = self.catalog.snapshot.tool(name)
+    def visible(self, principal: Principal) -> Snapshot:
+        """The catalog as `principal` sees it: the tools its grant allows, nothing else."""
+        return self.catalog.snapshot.scoped(principal.grant)
+
+    def resolve(self, name: str, principal: Principal = LOCAL) -> Tool:
+        """The tool of this name, if `principal` may call it; a tool outside its grant is as unknown as one
+        that does not exist."""
+        tool = self.visible(principal).tool(name)
         if tool is None:
             raise UnknownTool(name)
         return tool
@@ -80,7 +101,7 @@ class Calls:
     async def submit(self, spec: CallSpec) -> Submitted:
         """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
         FleetUnavailable."""
-        tool = self.resolve(spec.tool)
+        tool = self.resolve(spec.tool, spec.principal)
         await self.health.admit()
         call_id = spec.call_id or str(uuid.uuid4())
         if spec.call_id is not None and not await self._claim(call_id, spec):
@@ -88,20 +109,31 @@ class Calls:
         headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
         call = (spec.tool, dict(spec.arguments), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
+        who = spec.principal
+        taken_at, started_s = now_iso(), time.perf_counter()
         try:
             with tracing.producing(spec.tool, trace):
-                await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id], trace=trace)
+                await self.client.submit_many(
+                    [call],
+                    timeout=spec.timeout_s,
+                    call_ids=[call_id],
+                    trace=trace,
+                    tenant=who.tenant,
+                    principal=who.name,
+                )
         except BaseException:  # not enqueued: the same callId may be sent again
             if spec.call_id is not None:
                 await self._claims.release(call_id)
             raise
-        return Submitted(call_id, tool, enqueued=True)
+        return Submitted(call_id, tool, True, who, taken_at, started_s)
 
     async def hold(self, submitted: Submitted, spec: CallSpec) -> None:
         """Before a client is given a callId to come back with: claim it (if the client did not name it),
-        so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope)."""
+        so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope). Its audit
+        record says `pending`."""
         if spec.call_id is None:
             await self._claim(submitted.call_id, spec)
+        self._record(submitted, None)
 
     async def wait(self, call_id: str, timeout_s: float) -> ToolResult | None:
         """The call's envelope, or None when it does not come within `timeout_s`."""
@@ -112,15 +144,32 @@ class Calls:
 
     async def answer(self, submitted: Submitted, timeout_s: float) -> ToolResult | None:
         """The envelope of a call just submitted; one that a worker just produced shows the fleet is up."""
-        envelope = await self.wait(submitted.call_id, timeout_s)
+        try:
+            envelope = await self.wait(submitted.call_id, timeout_s)
+        except BaseException:  # the client went away (MCP cancellation): the call was taken all the same
+            self._record(submitted, None)
+            raise
         if envelope is not None and submitted.enqueued:
             self.health.answered()
+            self._record(submitted, envelope.exit_code)
         return envelope
 
-    async def tool_of(self, call_id: str) -> str | None:
-        """The tool of a call the gateway enqueued (within the result TTL), else None."""
+    def _record(self, submitted: Submitted, exit_code: int | None) -> None:
+        """The call's audit record, once: when its envelope comes, or when the client is told to come back."""
+        if self._audit is None or not submitted.enqueued:
+            return
+        who, waited_ms = submitted.principal, round((time.perf_counter() - submitted.started_s) * 1000, 3)
+        record = Record(
+            submitted.taken_at, who.name, who.tenant, submitted.tool.name, submitted.call_id, exit_code, waited_ms
+        )
+        self._audit.record(record)
+
+    async def tool_of(self, call_id: str, principal: Principal = LOCAL) -> str | None:
+        """The tool of a call the gateway enqueued (within the result TTL) that `principal` may see, else None."""
         claim = await self._claims.get(call_id)
-        return None if claim is None else claim.tool
+        if claim is None or self.visible(principal).tool(claim.tool) is None:
+            return None
+        return claim.tool
 
     async def withdraw(self, call_id: str, tool: str) -> bool:
         """Take a call that has not started off the queue; its callId is free again afterwards."""
@@ -145,10 +194,12 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
     client = AsyncToolClient(settings.redis_url)
     redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     catalog = Catalog(settings, tags)
+    audit = AuditTrail(redis, settings.audit_stream_maxlen)
     try:
         await catalog.start(redis)
-        yield Calls(client, redis, catalog, FleetHealth(settings.redis_url), settings.result_ttl_seconds)
+        yield Calls(client, redis, catalog, FleetHealth(settings.redis_url), settings.result_ttl_seconds, audit)
     finally:
+        await audit.drain()
         await catalog.close()
         await client.aclose()
         await redis.aclose()

@@ -25,6 +25,7 @@ from worker.definitions import builtin, catalog
 from worker.definitions import file_store as store
 from worker.definitions import redis_store as shared
 from worker.definitions.model import Tool, ToolSet, Upstream
+from worker.gateway.identity import Grant
 from worker.http.egress import EgressPolicy
 from worker.settings import Settings
 
@@ -54,9 +55,21 @@ class Snapshot:
     toolset: ToolSet
     names: tuple[str, ...] = ()
     _mcp: dict[str, dict[str, JSON]] = field(default_factory=dict, repr=False)
+    _views: dict[Grant, Snapshot] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.names = tuple(sorted(self.toolset.tools))
+
+    def scoped(self, grant: Grant) -> Snapshot:
+        """What of this version a grant allows, built once per grant (the principals of a grant share it)."""
+        if grant.everything:
+            return self
+        view = self._views.get(grant)
+        if view is None:
+            tools = {name: tool for name, tool in self.toolset.tools.items() if grant.allows(tool)}
+            view = Snapshot(self.version, ToolSet(dict(self.toolset.upstreams), tools))
+            self._views[grant] = view
+        return view
 
     def tool(self, name: str) -> Tool | None:
         return self.toolset.tools.get(name)

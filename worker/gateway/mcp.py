@@ -44,6 +44,7 @@ from worker.gateway import discovery, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
+from worker.gateway.identity import LOCAL, Principal, principal_of
 
 log = structlog.get_logger("toolworker.gateway.mcp")
 Mode = Literal["all", "discovery"]
@@ -99,7 +100,7 @@ class McpFront:
         if self.mode == "discovery":
             tools, next_name = discovery.META_TOOLS, None
         else:
-            snapshot = self.calls.catalog.snapshot
+            snapshot = self.calls.visible(_principal(ctx))
             names, next_name = snapshot.after(last, self.page_size)
             tools = snapshot.mcp_tools(names)
         result: dict[str, Any] = {
@@ -130,7 +131,7 @@ class McpFront:
     async def _meta_tool(
         self, ctx: Context, params: types.CallToolRequestParams, name: str, arguments: dict[str, Any]
     ) -> dict[str, Any]:
-        snapshot: Snapshot = self.calls.catalog.snapshot
+        snapshot: Snapshot = self.calls.visible(_principal(ctx))
         try:
             if name != discovery.CALL_TOOL:
                 return _text_result(discovery.answer(name, arguments, snapshot), is_error=False)
@@ -147,7 +148,7 @@ class McpFront:
         try:
             call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
             trace = tracing.context_from(_meta(params))
-            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace)
+            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, _principal(ctx))
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
@@ -257,6 +258,11 @@ def _text_result(text: str, is_error: bool, meta: dict[str, Any] | None = None) 
 def _meta(params: types.RequestParams) -> Mapping[str, Any]:
     meta = params.meta
     return meta if isinstance(meta, Mapping) else {}
+
+
+def _principal(ctx: Context) -> Principal:
+    """Who sent the request (over HTTP, as the Guard admitted it; on stdio, the local operator)."""
+    return principal_of(ctx.request.scope) if isinstance(ctx.request, Request) else LOCAL
 
 
 def _asked_for_progress(ctx: Context) -> bool:

@@ -35,6 +35,7 @@ from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body, parse
 from worker.gateway.calls import MAX_CALL_ID_CHARS, CallIdConflict, Calls, CallSpec, Submitted
 from worker.gateway.health import FleetUnavailable
+from worker.gateway.identity import principal_of
 
 Format = Literal["summary", "openai", "anthropic", "mcp"]
 EXPORTS: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
@@ -134,15 +135,16 @@ class Rest:
     async def get_call(self, request: Request) -> Response:
         call_id = request.path_params["call_id"]
         wait_s = _float_param(request, "waitSeconds", 0.0, MAX_WAIT_S)
-        known = await self.calls.tool_of(call_id) is not None
+        principal = principal_of(request.scope)
+        known = await self.calls.tool_of(call_id, principal) is not None
         envelope = await self.calls.wait(call_id, wait_s if known else 0.0)
-        if envelope is not None:
+        if envelope is not None and self.calls.visible(principal).tool(envelope.tool) is not None:
             return JSONResponse(envelope.to_dict())
         return pending(call_id) if known else error(404, "unknown_call", f"No call {call_id!r} is known.")
 
     async def withdraw_call(self, request: Request) -> Response:
         call_id = request.path_params["call_id"]
-        tool = await self.calls.tool_of(call_id)
+        tool = await self.calls.tool_of(call_id, principal_of(request.scope))
         if tool is None and await self.calls.wait(call_id, 0.0) is None:
             return error(404, "unknown_call", f"No call {call_id!r} is waiting.")
         if tool is not None and await self.calls.withdraw(call_id, tool):
@@ -178,7 +180,9 @@ class Rest:
     def _spec(self, body: CallBody, request: Request) -> CallSpec:
         headers = {**request.headers, **{k.lower(): v for k, v in body.headers.items()}}
         timeout_s = body.timeoutSeconds or self.default_timeout_s
-        return CallSpec(body.tool, body.arguments, headers, body.callId, timeout_s)
+        return CallSpec(
+            body.tool, body.arguments, headers, body.callId, timeout_s, principal=principal_of(request.scope)
+        )
 
     async def _answer(
         self, submitted: Submitted, wait: bool, wait_s: float | None, timeout_s: float | None
@@ -191,7 +195,7 @@ class Rest:
     # --- catalog ----------------------------------------------------------------------------------
 
     async def list_tools(self, request: Request) -> Response:
-        snapshot = self.calls.catalog.snapshot
+        snapshot = self.calls.visible(principal_of(request.scope))
         rows = catalog.list_tools(snapshot.toolset, request.query_params.getlist("tag"))
         return self._tools(rows, request, {"version": snapshot.version})
 
@@ -200,11 +204,11 @@ class Rest:
         if not question:
             raise BadBody(422, "The query parameter `question` is required.")
         top_k = int(_float_param(request, "top_k", 5, 50))
-        rows = catalog.search(self.calls.catalog.snapshot.toolset, question, max(top_k, 1))
+        rows = catalog.search(self.calls.visible(principal_of(request.scope)).toolset, question, max(top_k, 1))
         return self._tools(rows, request, {})
 
     async def get_tool(self, request: Request) -> Response:
-        tool = self.calls.resolve(request.path_params["name"])
+        tool = self.calls.resolve(request.path_params["name"], principal_of(request.scope))
         return JSONResponse(catalog.definition(tool))
 
     def _tools(self, rows: list[dict[str, Any]], request: Request, extra: dict[str, Any]) -> Response:
@@ -213,7 +217,8 @@ class Rest:
             return JSONResponse({**extra, "tools": rows})
         if fmt not in EXPORTS:
             raise BadBody(422, "`format` must be summary, openai, anthropic or mcp.")
-        tools = self.calls.catalog.snapshot.toolset.tools  # the tools themselves: their kind sets MCP hints
+        # The tools themselves, as this principal may see them: their kind sets the MCP hints.
+        tools = self.calls.visible(principal_of(request.scope)).toolset.tools
         return JSONResponse({**extra, "tools": EXPORTS[fmt]([tools[r["name"]] for r in rows])})
 
     # --- operations -------------------------------------------------------------------------------

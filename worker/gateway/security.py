@@ -1,7 +1,12 @@
-"""What every HTTP request passes before a route sees it: bearer tokens, the Origin of `/mcp`, body caps.
+"""What every HTTP request passes before a route sees it: who calls (bearer tokens), the Origin of `/mcp`,
+body caps.
 
-- Tokens (`TOOLWORKER_GATEWAY_TOKENS`) are compared in constant time, each of them every time. Without
-  tokens the gateway serves loopback only (app.py binds it so); `/healthz` needs no token (probes).
+- A bearer token names a principal (identity.py): a static token, compared in constant time with each of
+  them every time, or an OAuth 2.1 access token (oauth.py). The principal rides in the request's scope for
+  the routes. A 401 says where to get a token (`WWW-Authenticate: Bearer resource_metadata=...`, RFC 9728,
+  with `error="invalid_token"` when one was given); a valid access token whose scopes grant no tool is a
+  403 `insufficient_scope`. Without tokens the gateway serves loopback only (app.py binds it so);
+  `/healthz` and the Protected Resource Metadata need no token.
 - A browser page may reach `/mcp` only from an allowed Origin (DNS rebinding, drive-by pages); a
   request without Origin (not a browser) passes.
 - A body larger than `TOOLWORKER_GATEWAY_MAX_BODY_BYTES` is refused (413) before any route reads it.
@@ -10,11 +15,14 @@ Refusals are JSON `{"error": {"type", "message"}}`; nothing of the request is ec
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from worker.gateway.identity import PRINCIPAL_SCOPE_KEY, Principal, StaticTokens
+from worker.gateway.oauth import WELL_KNOWN_RESOURCE_PATH, InvalidToken, IssuerUnavailable, JwtVerifier
 
 OPEN_PATHS = frozenset({"/healthz"})
 # The request body, as the Guard read it, for the /mcp endpoint to look at (ASGI scopes take custom keys).
@@ -33,13 +41,76 @@ async def send_json(send: Send, status: int, body: bytes, headers: Iterable[tupl
     await send({"type": "http.response.body", "body": body})
 
 
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    kind: str
+    message: str
+    headers: Headers
+
+
+class Gatekeeper:
+    """The principal a request's `Authorization: Bearer` names, or why it names none."""
+
+    def __init__(
+        self, tokens: StaticTokens, verifier: JwtVerifier | None = None, resource_metadata_url: str | None = None
+    ) -> None:
+        self.tokens = tokens
+        self.verifier = verifier
+        self.resource_metadata_url = resource_metadata_url
+
+    @property
+    def required(self) -> bool:
+        return bool(self.tokens) or self.verifier is not None
+
+    async def admit(self, header: bytes) -> Principal | Refusal:
+        scheme, _, given = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not given.strip():
+            return self._refusal(401, "unauthorized", "A valid bearer token is required (Authorization: Bearer ...).")
+        token = given.strip()
+        principal = self.tokens.match(token)
+        if principal is None and self.verifier is not None:
+            try:
+                principal = await self.verifier.principal(token.decode("latin-1"))
+            except IssuerUnavailable as exc:  # not the token's fault: the client may try again later
+                return Refusal(503, "unavailable", str(exc), [(b"retry-after", b"10")])
+            except InvalidToken as exc:
+                return self._refusal(401, "invalid_token", str(exc), error="invalid_token")
+        if principal is None:
+            return self._refusal(401, "invalid_token", "The bearer token is not valid.", error="invalid_token")
+        if principal.grant.empty:
+            return self._refusal(403, "insufficient_scope", "The token grants no tool.", error="insufficient_scope")
+        return principal
+
+    def _refusal(self, status: int, kind: str, message: str, error: str | None = None) -> Refusal:
+        return Refusal(status, kind, message, [(b"www-authenticate", self._challenge(message, error).encode())])
+
+    def _challenge(self, message: str, error: str | None) -> str:
+        """RFC 6750 §3 (with RFC 9728's resource_metadata): quoted values without quotes or backslashes."""
+        params = ['realm="toolworker"']
+        if error is not None:
+            params += [f'error="{error}"', f'error_description="{_quotable(message)}"']
+            if error == "insufficient_scope" and self.verifier is not None:
+                params.append(f'scope="{" ".join(sorted(self.verifier.spec.scopes))}"')
+        if self.resource_metadata_url is not None:
+            params.append(f'resource_metadata="{self.resource_metadata_url}"')
+        return "Bearer " + ", ".join(params)
+
+
+def _quotable(text: str) -> str:
+    return "".join(c for c in text if c not in '"\\' and 32 <= ord(c) < 127)
+
+
 class Guard:
     """Pure ASGI middleware (no per-request task or copy beyond the body it must measure)."""
 
     def __init__(
         self,
         app: ASGIApp,
-        tokens: list[str],
+        gatekeeper: Gatekeeper,
         allowed_origins: list[str],
         max_body_bytes: int,
         mcp: ASGIApp | None = None,
@@ -47,7 +118,7 @@ class Guard:
         self.app = app
         # /mcp goes straight to the SDK's transport, without Starlette's routing (its body in the scope).
         self.mcp = mcp
-        self.tokens = [t.encode() for t in tokens]
+        self.gatekeeper = gatekeeper
         self.origins = allowed_origins or list(LOOPBACK_ORIGINS)
         self.max_body_bytes = max_body_bytes
 
@@ -55,10 +126,9 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._refusal(scope)
+        refusal = await self._identify(scope) or self._refusal(scope)
         if refusal is not None:
-            status, kind, message, extra = refusal
-            await send_json(send, status, error_body(kind, message), extra)
+            await send_json(send, refusal.status, error_body(refusal.kind, refusal.message), refusal.headers)
             return
         body = await self._body(scope, receive)
         if body is None:
@@ -70,26 +140,27 @@ class Guard:
             return
         await self.app(scope, _replay(body, receive), send)
 
-    def _refusal(self, scope: Scope) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
-        headers = dict(scope["headers"])
+    async def _identify(self, scope: Scope) -> Refusal | None:
+        """The request's principal into its scope; a refusal when it has none and needs one."""
         path: str = scope["path"]
-        if self.tokens and path not in OPEN_PATHS and not self._authorized(headers.get(b"authorization", b"")):
-            challenge = [(b"www-authenticate", b'Bearer realm="toolworker"')]
-            return 401, "unauthorized", "A valid bearer token is required (Authorization: Bearer ...).", challenge
-        origin = headers.get(b"origin")
-        if path.startswith("/mcp") and origin is not None and not self._origin_allowed(origin.decode("latin-1")):
-            return 403, "forbidden_origin", "Requests from this Origin are not allowed.", []
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            return 413, "too_large", f"The body is over {self.max_body_bytes} bytes.", []
+        if not self.gatekeeper.required or path in OPEN_PATHS or path.startswith(WELL_KNOWN_RESOURCE_PATH):
+            return None
+        admitted = await self.gatekeeper.admit(dict(scope["headers"]).get(b"authorization", b""))
+        if isinstance(admitted, Refusal):
+            return admitted
+        scope[PRINCIPAL_SCOPE_KEY] = admitted
         return None
 
-    def _authorized(self, header: bytes) -> bool:
-        scheme, _, given = header.partition(b" ")
-        matched = False
-        for token in self.tokens:  # every token compared, whichever matches
-            matched |= hmac.compare_digest(given.strip(), token)
-        return scheme.lower() == b"bearer" and matched
+    def _refusal(self, scope: Scope) -> Refusal | None:
+        headers = dict(scope["headers"])
+        path: str = scope["path"]
+        origin = headers.get(b"origin")
+        if path.startswith("/mcp") and origin is not None and not self._origin_allowed(origin.decode("latin-1")):
+            return Refusal(403, "forbidden_origin", "Requests from this Origin are not allowed.", [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return Refusal(413, "too_large", f"The body is over {self.max_body_bytes} bytes.", [])
+        return None
 
     def _origin_allowed(self, origin: str) -> bool:
         for allowed in self.origins:

@@ -33,6 +33,7 @@ from worker.gateway.bodies import BadBody, json_body
 from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
+from worker.gateway.identity import principal_of
 
 MAX_ENV_TOOLS_SHOWN = 50
 NOT_READY = 450
@@ -97,7 +98,7 @@ class ToolServer:
     # --- the catalog ------------------------------------------------------------------------------
 
     async def get_available_tools(self, request: Request) -> Response:
-        snapshot = self.calls.catalog.snapshot
+        snapshot = self.calls.visible(principal_of(request.scope))
         return JSONResponse(
             {
                 "available_envs": [_env(snapshot, name, MAX_ENV_TOOLS_SHOWN) for name in _envs(snapshot)],
@@ -114,19 +115,19 @@ class ToolServer:
             raise BadBody(422, "`question` is required (a non-empty string).")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             raise BadBody(422, "`top_k` must be a positive integer.")
-        snapshot = self.calls.catalog.snapshot
+        snapshot = self.calls.visible(principal_of(request.scope))
         names = [row["name"] for row in catalog.search(snapshot.toolset, question, min(top_k, 50))]
         return JSONResponse({"retrieved_tools": names, "tools_json": _functions(snapshot, names)})
 
     async def schema_for_tools(self, request: Request) -> Response:
         names = _names(await json_body(request), "tools", "tool_names")
-        snapshot = self.calls.catalog.snapshot
+        snapshot = self.calls.visible(principal_of(request.scope))
         found = [n for n in names if snapshot.tool(n) is not None]
         return JSONResponse({"tools_json": _functions(snapshot, found), "missing_tools": _missing(names, found)})
 
     async def schema_for_envs(self, request: Request) -> Response:
         names = _names(await json_body(request), "envs", "env_names")
-        snapshot = self.calls.catalog.snapshot
+        snapshot = self.calls.visible(principal_of(request.scope))
         envs = _envs(snapshot)
         found = [n for n in names if n in envs]
         return JSONResponse(
@@ -137,11 +138,12 @@ class ToolServer:
 
     async def execute_tool(self, request: Request) -> Response:
         name, arguments, env = _execution(await json_body(request))
-        tool = self.calls.resolve(name)
+        principal = principal_of(request.scope)
+        tool = self.calls.resolve(name, principal)
         if env is not None and tool.upstream != env:
             raise UnknownTool(f"{env}/{name}")
         started = time.perf_counter()
-        spec = CallSpec(name, arguments, request.headers, None, self.timeout_s)
+        spec = CallSpec(name, arguments, request.headers, None, self.timeout_s, principal=principal)
         submitted = await self.calls.submit(spec)
         envelope = await self.calls.answer(submitted, self.timeout_s)
         metrics.observe("toolserver", envelope, time.perf_counter() - started)
