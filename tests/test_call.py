@@ -20,6 +20,7 @@ from yarl import URL
 
 from worker import errors, logs
 from worker.call.admission import Turn
+from worker.call.fairness import FairTurns
 from worker.call.run import run_call
 from worker.call.runtime import TURNS_PER_CONNECTION, Runtime
 from worker.call.shaping import shape_result
@@ -691,10 +692,10 @@ async def test_circuit_opens_and_its_state_is_exported(toolset: ToolSet) -> None
 
 async def test_a_turn_wait_past_the_deadline_reports_no_negative_time() -> None:
     """A call whose deadline passed while it waited to queue for its turn says it waited 0 seconds, not less."""
-    turns = asyncio.Semaphore(1)
-    await turns.acquire()
+    turns = FairTurns(1, lambda tenant: 1)
+    await turns.acquire("default")
     upstream = UpstreamDef("busy", Template.literal("http://127.0.0.1:9"))
-    turn = Turn(turns, upstream, deadline=time.time() - 5)
+    turn = Turn(turns, upstream, deadline=time.time() - 5, tenant="default")
     with pytest.raises(errors.TimedOut) as raised:
         await turn.take()
     assert "waited 0 seconds" in raised.value.message

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from worker.client import AsyncToolClient, CallHandle, ToolClient
     from worker.envelope import ToolResult
+    from worker.errors import TenantQueueFull
 
-__all__ = ["AsyncToolClient", "CallHandle", "ToolClient", "ToolResult"]
+__all__ = ["AsyncToolClient", "CallHandle", "TenantQueueFull", "ToolClient", "ToolResult"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from worker.envelope import ToolResult
 
         return ToolResult
+    if name == "TenantQueueFull":
+        from worker.errors import TenantQueueFull
+
+        return TenantQueueFull
     raise AttributeError(f"module 'worker' has no attribute {name!r}")

@@ -46,7 +46,7 @@ class HttpHandler(ABC):
     """Sends the request its kind prepares: in the call's turn, with retries, shaped into the envelope."""
 
     async def answer(self, job: Job, runtime: Runtime, envelope: ToolResult) -> None:
-        turn = Turn(runtime.turns(job.upstream), job.upstream, job.deadline)
+        turn = Turn(runtime.turns(job.upstream), job.upstream, job.deadline, job.call.tenant)
         await turn.take()
         try:
             request, token = await self.prepare(job, runtime)

@@ -12,6 +12,7 @@ import time
 import structlog
 
 from worker import errors, metrics
+from worker.call import ratelimit
 from worker.call.admission import call_deadline, encoded_size, validate_arguments
 from worker.call.catalog_tools import CatalogTool, catalog_tools
 from worker.call.handlers import DefinedTool, Job, ToolHandler
@@ -25,6 +26,8 @@ from worker.http.egress import EgressPolicy
 from worker.protocol import ToolCall
 
 log = structlog.get_logger("toolworker.call")
+# A tenant's rate limit shares the upstreams' key space in Redis, under names no upstream can have.
+TENANT_RATE_PREFIX = "tenant@"
 
 HANDLERS: dict[str, ToolHandler] = {
     KIND_DEFINED: DefinedTool(),
@@ -38,7 +41,7 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
     started = time.perf_counter()
     envelope = ToolResult(call_id=call.call_id, tool=call.tool)
     # Each call runs in an asyncio task of its own, so its context (and these bindings) die with it.
-    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool)
+    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool, tenant=call.tenant)
     try:
         await _admit_and_answer(call, runtime, envelope, time.time() if received_at is None else received_at)
     except errors.ToolError as exc:
@@ -67,12 +70,26 @@ async def _admit_and_answer(call: ToolCall, runtime: Runtime, envelope: ToolResu
     arguments = validate_arguments(call.arguments, runtime.validator(tool))
     if call.headers:
         encoded_size(call.headers)  # refuses text that is not valid Unicode
+    await _tenant_rate(call.tenant, runtime, deadline)
     await HANDLERS[tool.kind].answer(Job(call, tool, upstream, arguments, deadline), runtime, envelope)
+
+
+async def _tenant_rate(name: str, runtime: Runtime, deadline: float) -> None:
+    """Wait for the call's slot under its tenant's rate limit (shared by the fleet); 75 past its deadline."""
+    rate = runtime.toolset.tenant(name).rate_limit
+    if rate is not None and runtime.redis is not None:
+        await ratelimit.acquire(runtime.redis, TENANT_RATE_PREFIX + name, rate.per_second, rate.burst, deadline)
 
 
 def served_toolset(toolset: ToolSet, policy: EgressPolicy) -> ToolSet:
     """The toolset a worker serves: the defined tools, the catalog tools, `http_request` if enabled."""
-    served = ToolSet(dict(toolset.upstreams), dict(toolset.tools), list(toolset.problems), dict(toolset.unusable))
+    served = ToolSet(
+        dict(toolset.upstreams),
+        dict(toolset.tools),
+        list(toolset.problems),
+        dict(toolset.unusable),
+        dict(toolset.tenants),
+    )
     served.upstreams[WORKER_UPSTREAM] = Upstream(WORKER_UPSTREAM, Template.literal(""))
     extra = catalog_tools(WORKER_UPSTREAM) + ([http_request_tool(WORKER_UPSTREAM)] if policy.enabled else [])
     for tool in extra:

@@ -23,7 +23,13 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY, DEFINITIONS_VERSION_KEY, ROUTES_KEY
+from worker.constants import (
+    DEFINITIONS_BUNDLE_PREFIX,
+    DEFINITIONS_CURRENT_KEY,
+    DEFINITIONS_VERSION_KEY,
+    ROUTES_KEY,
+    TENANT_LIMITS_KEY,
+)
 from worker.definitions.model import Problem, ToolSet
 from worker.definitions.store import definition_files, load
 
@@ -46,6 +52,19 @@ def write_routes(client: redis.Redis, toolset: ToolSet) -> None:
         pipe.delete(ROUTES_KEY)
         if table:
             pipe.hset(ROUTES_KEY, mapping=cast(Any, table))  # redis-py types reject dict[str, str]
+        pipe.execute()
+
+
+def write_tenants(client: redis.Redis, toolset: ToolSet) -> None:
+    """Make this toolset's tenant limits the ones the fleet's takes and the clients read (replacing the
+    previous ones at once): tenant -> "weight max_in_flight max_queued", 0 for none."""
+    table = {
+        name: f"{t.weight} {t.max_in_flight or 0} {t.max_queued or 0}" for name, t in sorted(toolset.tenants.items())
+    }
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(TENANT_LIMITS_KEY)
+        if table:
+            pipe.hset(TENANT_LIMITS_KEY, mapping=cast(Any, table))
         pipe.execute()
 
 
@@ -84,6 +103,7 @@ def publish(client: redis.Redis, paths: list[Path], environ: Mapping[str, str] |
         pipe.set(DEFINITIONS_CURRENT_KEY, version)
         pipe.execute()
     write_routes(client, toolset)
+    write_tenants(client, toolset)
     return version, toolset
 
 
