@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 
 from worker import tracing
 from worker.client import AsyncToolClient
+from worker.constants import DEFAULT_TENANT
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.gateway.catalog import Catalog
@@ -33,6 +34,8 @@ from worker.gateway.withdraw import withdraw
 from worker.settings import Settings
 
 MAX_CALL_ID_CHARS = 256
+# What a client refused for its tenant's max_queued is told to wait before it tries again (Retry-After).
+QUEUE_FULL_RETRY_AFTER_S = 5
 
 
 class UnknownTool(LookupError):
@@ -58,6 +61,8 @@ class CallSpec:
     timeout_s: float = 60.0
     # The caller's W3C trace context (MCP `_meta`); else the HTTP `traceparent` header is looked for.
     trace: Mapping[str, str] = field(default_factory=dict)
+    # Whom the call is for (fair share, limits): the default tenant until callers are mapped to tenants.
+    tenant: str = DEFAULT_TENANT
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class Calls:
 
     async def submit(self, spec: CallSpec) -> Submitted:
         """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
-        FleetUnavailable."""
+        FleetUnavailable, TenantQueueFull (the tenant's max_queued)."""
         tool = self.resolve(spec.tool)
         await self.health.admit()
         call_id = spec.call_id or str(uuid.uuid4())
@@ -97,7 +102,9 @@ class Calls:
         trace = spec.trace or tracing.context_from(spec.headers)
         try:
             with tracing.producing(spec.tool, trace):
-                await self.client.submit_many([call], timeout=spec.timeout_s, call_ids=[call_id], trace=trace)
+                await self.client.submit_many(
+                    [call], timeout=spec.timeout_s, call_ids=[call_id], trace=trace, tenant=spec.tenant
+                )
         except BaseException:  # not enqueued: the same callId may be sent again
             if spec.call_id is not None:
                 await self._claims.release(call_id)

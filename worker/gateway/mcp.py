@@ -39,6 +39,7 @@ from starlette.requests import Request
 
 from worker import tracing
 from worker.envelope import ToolResult
+from worker.errors import TenantQueueFull
 from worker.gateway import discovery, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, UnknownTool, check_call_id
 from worker.gateway.catalog import Snapshot
@@ -154,6 +155,8 @@ class McpFront:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
         except FleetUnavailable as exc:
             return _text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
+        except TenantQueueFull as exc:
+            return _text_result(exc.message, is_error=True)
         try:
             envelope = await self._envelope(ctx, submitted)
         except BaseException:  # cancelled, or the client hung up: a call that has not started is not run

@@ -33,7 +33,15 @@ from worker.definitions import catalog
 from worker.envelope import ToolResult
 from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body, parse
-from worker.gateway.calls import MAX_CALL_ID_CHARS, CallIdConflict, Calls, CallSpec, Submitted, UnknownTool
+from worker.gateway.calls import (
+    MAX_CALL_ID_CHARS,
+    QUEUE_FULL_RETRY_AFTER_S,
+    CallIdConflict,
+    Calls,
+    CallSpec,
+    Submitted,
+    UnknownTool,
+)
 from worker.gateway.health import FleetUnavailable
 
 Format = Literal["summary", "openai", "anthropic", "mcp"]
@@ -95,6 +103,10 @@ def guarded(handler: Handler) -> Handler:
             return error(409, "call_id_conflict", str(exc))
         except FleetUnavailable as exc:
             return error(503, "unavailable", f"The tool fleet cannot take calls now: {exc}")
+        except errors.TenantQueueFull as exc:
+            response = error(429, exc.type, exc.message, tenant=exc.tenant, maxQueued=exc.limit)
+            response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
+            return response
 
     return run
 

@@ -27,9 +27,10 @@ from starlette.routing import Route
 
 from worker.definitions import catalog
 from worker.envelope import ToolResult
+from worker.errors import TenantQueueFull
 from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body
-from worker.gateway.calls import Calls, CallSpec, UnknownTool
+from worker.gateway.calls import QUEUE_FULL_RETRY_AFTER_S, Calls, CallSpec, UnknownTool
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 
@@ -56,6 +57,10 @@ def guarded(handler: Handler) -> Handler:
             return _detail(404, str(exc))
         except FleetUnavailable as exc:
             return _detail(503, f"The tool fleet cannot take calls now: {exc}")
+        except TenantQueueFull as exc:
+            response = _detail(429, exc.message)
+            response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
+            return response
 
     return run
 

@@ -50,6 +50,8 @@ QUEUED_KEY = "toolworker:tenants:queued"
 # at least one message.
 QUANTUM_CALLS = 100
 WAKE = "toolworker:wake"
+# kombu's Redis transport keeps priorities 3, 6 and 9 of a queue in lists of their own (its default steps).
+PRIORITY_SUFFIXES = ("", SEP + "3", SEP + "6", SEP + "9")
 _CALLS_RE = re.compile(rb'"' + re.escape(CALLS_HEADER.encode()) + rb'": (\d+)')
 
 _COMMON = """
@@ -348,19 +350,39 @@ class TenantRow:
     in_flight: int  # calls taken and not yet acknowledged (the tenant's, over every queue)
 
 
+def in_flight(client: redis.Redis) -> dict[str, int]:
+    """Calls taken and not yet acknowledged, per tenant (fleet-wide)."""
+    return _counts(client, IN_FLIGHT_KEY)
+
+
+def listed_tenants(client: redis.Redis) -> set[str]:
+    """The tenants the definitions name (their limits are in Redis)."""
+    names: Any = client.hkeys(TENANT_LIMITS_KEY)
+    return {name.decode() for name in names}
+
+
+def _counts(client: redis.Redis, key: str) -> dict[str, int]:
+    table: Any = client.hgetall(key)
+    return {name.decode(): int(count) for name, count in table.items()}
+
+
 def snapshot(client: redis.Redis, queues: Iterable[str], suffixes: Sequence[str]) -> list[TenantRow]:
-    """Waiting and in-flight per queue and tenant: the default tenant, the ring's and the limited ones."""
-    in_flight = {k.decode(): int(v) for k, v in client.hgetall(IN_FLIGHT_KEY).items()}  # type: ignore[union-attr]
-    queued = {k.decode(): int(v) for k, v in client.hgetall(QUEUED_KEY).items()}  # type: ignore[union-attr]
-    listed = {k.decode() for k in client.hkeys(TENANT_LIMITS_KEY)}  # type: ignore[union-attr]
+    """Waiting and in-flight per queue and tenant: the default tenant, the ring's and the listed ones."""
+    flying, queued, listed = in_flight(client), _counts(client, QUEUED_KEY), listed_tenants(client)
     rows = []
     for queue in queues:
-        ring = {m.decode() for m in client.zrange(RING_PREFIX + queue, 0, -1)}  # type: ignore[union-attr]
-        for tenant in sorted(ring | listed | {DEFAULT_TENANT}):
-            keys = [queue + s for s in suffixes] if tenant == DEFAULT_TENANT else [tenant_list(queue, tenant)]
-            with client.pipeline(transaction=False) as pipe:
-                for key in keys:
+        ring: Any = client.zrange(RING_PREFIX + queue, 0, -1)
+        tenants = sorted({name.decode() for name in ring} | listed | {DEFAULT_TENANT})
+        with client.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                for key in _lists(queue, tenant, suffixes):
                     pipe.llen(key)
-                waiting = sum(pipe.execute())
-            rows.append(TenantRow(queue, tenant, waiting, queued.get(tenant, 0), in_flight.get(tenant, 0)))
+            lengths = iter(pipe.execute())
+        for tenant in tenants:
+            waiting = sum(next(lengths) for _ in _lists(queue, tenant, suffixes))
+            rows.append(TenantRow(queue, tenant, waiting, queued.get(tenant, 0), flying.get(tenant, 0)))
     return rows
+
+
+def _lists(queue: str, tenant: str, suffixes: Sequence[str]) -> list[str]:
+    return [queue + s for s in suffixes] if tenant == DEFAULT_TENANT else [tenant_list(queue, tenant)]
