@@ -474,6 +474,15 @@ async def test_call_logs_finished_without_secrets(run: Any) -> None:
         assert ENV_SECRET not in text and CALL_SECRET not in text, event
 
 
+async def test_call_logs_its_tenant(run: Any) -> None:
+    """Every log line of a call names its tenant (default when the call names none)."""
+    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as events:
+        await run(lookup(tenant="acme"), echo_headers)
+        await run(lookup(), echo_headers)
+    finished = [e for e in events if e["event"] == "call.finished"]
+    assert [e["tenant"] for e in finished] == ["acme", "default"]
+
+
 def test_log_keys_that_name_a_secret_are_redacted_at_any_depth() -> None:
     """Keys naming a secret are redacted in nested mappings too, the same on every line; other keys
     (an integer one too) keep their values."""

@@ -87,8 +87,8 @@ class TenantQueueFull(DeadlineExceeded):
 
     def __init__(self, tenant: str, limit: int) -> None:
         super().__init__(
-            f"The tenant {tenant!r} has {limit} calls waiting (its max_queued); this call was refused, not "
-            "queued. Try again once some have been answered."
+            f"The tenant {tenant!r} may have at most {limit} calls waiting (its max_queued) and has too many; "
+            "this call was refused, not queued. Try again once some have been answered."
         )
         self.tenant = tenant
         self.limit = limit
