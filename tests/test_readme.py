@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import start_worker, stop_worker, worker_env
 from tests.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.servers import DnsServer, ServerThread
+from worker.definitions.store import load
 from worker.dev.demo import make_app
 from worker.dev.embedded import EmbeddedRedis
 
@@ -112,6 +113,19 @@ def test_plain_redis_example(demo_stack: str) -> None:
     code, result = output.strip().split(" ", 1)
     assert code == "0"
     assert json.loads(result)["id"] == "TICKET-123"
+
+
+def test_tenant_examples(demo_stack: str, tmp_path: Path) -> None:
+    """The tenants' client example runs, their limits load, and the other-language recipe is answered."""
+    [client] = [b for b in code_blocks("python") if "TenantQueueFull" in b]
+    assert run_snippet(client, demo_stack).splitlines() == ["0"]
+    [recipe] = [b for b in code_blocks("python") if "toolworker:tenants:ring:toolcalls" in b]
+    assert run_snippet(recipe, demo_stack).splitlines() == ["0"]
+    [limits] = [b for b in code_blocks("yaml") if b.startswith("tenants:")]
+    path = tmp_path / "tenants.yaml"
+    path.write_text(limits, encoding="utf-8")
+    toolset = load([path], environ={})
+    assert toolset.problems == [] and toolset.tenants["live"].weight == 4
 
 
 def test_documented_commands_exist() -> None:
