@@ -4,6 +4,7 @@ the per-tenant gauges (bounded labels), `toolworker queue`, and Flower's view of
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE, TENANT_LIMITS_KEY
 from worker.definitions import shared
 from worker.definitions.store import load
 from worker.dev.embedded import EmbeddedRedis
-from worker.errors import TenantQueueFull
+from worker.errors import DeadlineExceeded, TenantQueueFull
 from worker.protocol import task_message
 from worker.queue import scheduler
 from worker.queue.depth import QueueDepth
@@ -142,3 +143,19 @@ def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "tenants.yaml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+async def test_a_tenant_rate_limit_ends_a_call_that_would_wait_past_its_deadline(tmp_path: Path) -> None:
+    """A tenant's rate limit is shared through Redis; a call whose slot comes after its deadline ends with 75."""
+    from worker.call.run import _tenant_rate
+    from worker.call.runtime import Runtime
+
+    slow = "tenants:\n  slow: {rate_limit: {per_second: 0.5, burst: 1}}\n"
+    runtime = Runtime(load([_write(tmp_path, slow)], environ={}), {}, redis=fakeredis.aioredis.FakeRedis())
+    deadline = time.time() + 1.0
+    await _tenant_rate("slow", runtime, deadline)  # the burst: at once
+    with pytest.raises(DeadlineExceeded, match="tenant's rate limit would make this call wait 2"):
+        await _tenant_rate("slow", runtime, deadline)
+    for _ in range(5):  # another tenant is not held by it
+        await _tenant_rate("other", runtime, deadline)
+    await runtime.close()

@@ -29,6 +29,8 @@ DEAD_LETTER_MAX = 10_000
 ROUTES_KEY = "toolworker:routes"
 # Written and read by worker/call/ratelimit.py only.
 RATE_LIMIT_KEY_PREFIX = "toolworker:ratelimit:"
+# A tenant's rate limit (worker/call/run.py), apart from the upstreams' whatever their names.
+TENANT_RATE_LIMIT_KEY_PREFIX = "toolworker:tenant-ratelimit:"
 
 REDACTED = "[redacted]"
 # A header name or log key matching this (case-insensitive) holds a secret.

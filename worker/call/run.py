@@ -18,7 +18,13 @@ from worker.call.catalog_tools import CatalogTool, catalog_tools
 from worker.call.handlers import DefinedTool, Job, ToolHandler
 from worker.call.http_request import HttpRequestTool, http_request_tool
 from worker.call.runtime import Runtime
-from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, WORKER_UPSTREAM
+from worker.constants import (
+    KIND_CATALOG,
+    KIND_DEFINED,
+    KIND_HTTP_REQUEST,
+    TENANT_RATE_LIMIT_KEY_PREFIX,
+    WORKER_UPSTREAM,
+)
 from worker.definitions.model import ToolSet, Upstream
 from worker.definitions.templates import Template
 from worker.envelope import ToolResult
@@ -26,8 +32,6 @@ from worker.http.egress import EgressPolicy
 from worker.protocol import ToolCall
 
 log = structlog.get_logger("toolworker.call")
-# A tenant's rate limit shares the upstreams' key space in Redis, under names no upstream can have.
-TENANT_RATE_PREFIX = "tenant@"
 
 HANDLERS: dict[str, ToolHandler] = {
     KIND_DEFINED: DefinedTool(),
@@ -78,7 +82,9 @@ async def _tenant_rate(name: str, runtime: Runtime, deadline: float) -> None:
     """Wait for the call's slot under its tenant's rate limit (shared by the fleet); 75 past its deadline."""
     rate = runtime.toolset.tenant(name).rate_limit
     if rate is not None and runtime.redis is not None:
-        await ratelimit.acquire(runtime.redis, TENANT_RATE_PREFIX + name, rate.per_second, rate.burst, deadline)
+        await ratelimit.acquire(
+            runtime.redis, name, rate.per_second, rate.burst, deadline, TENANT_RATE_LIMIT_KEY_PREFIX, "The tenant's"
+        )
 
 
 def served_toolset(toolset: ToolSet, policy: EgressPolicy) -> ToolSet:

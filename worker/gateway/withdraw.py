@@ -14,17 +14,26 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.constants import CALLS_HEADER, DEFAULT_QUEUE, DEFAULT_TENANT, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.definitions.shared import read_routes
 from worker.protocol import redacted_repr
+from worker.queue import scheduler
 
 # The waiting messages looked through, newest first (a call further back is about to be taken anyway).
 SCAN_LIMIT = 10_000
 
 
-async def withdraw(client: aioredis.Redis, tool: str, call_id: str) -> bool:
-    """Take the call off its queue; False when it is not waiting there (started, answered or unknown)."""
-    queue = (await read_routes(client)).get(tool, DEFAULT_QUEUE)
+async def withdraw(client: aioredis.Redis, tool: str, call_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+    """Take the call off its queue (its tenant's list there); False when it is not waiting there (started,
+    answered or unknown). The tenant's count of calls waiting goes down by one."""
+    if not await _take_off(client, tool, call_id, tenant):
+        return False
+    await client.hincrby(scheduler.QUEUED_KEY, tenant, -1)
+    return True
+
+
+async def _take_off(client: aioredis.Redis, tool: str, call_id: str, tenant: str) -> bool:
+    queue = scheduler.tenant_list((await read_routes(client)).get(tool, DEFAULT_QUEUE), tenant)
     # The call sits in the message's body, a JSON text inside the message's JSON: escaped twice.
     needle = json.dumps(json.dumps(call_id)[1:-1])[1:-1].encode()
     raw_messages: list[Any] = await client.lrange(queue, 0, SCAN_LIMIT - 1)
@@ -66,4 +75,5 @@ def _without(raw: bytes, call_id: str) -> tuple[bool, str | None]:
     body[0][0] = kept
     message["body"] = json.dumps(body)
     message["headers"]["argsrepr"] = redacted_repr([kept])
+    message["headers"][CALLS_HEADER] = len(kept)  # what the fair take counts
     return True, json.dumps(message)
