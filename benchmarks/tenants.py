@@ -4,9 +4,9 @@ Two workers are compared: this tree's (the fair take over per-tenant lists, fair
 the last commit before tenants (`--reference-tree`, else extracted from git at REFERENCE_COMMIT), one FIFO
 per queue. This process's client drives both; calls for the reference carry no tenant (it has none).
 
-- calls/s: a burst of calls (0 ms upstream, 1 KB) from one tenant, and spread over 100 tenants (each
-  tenant's calls then leave in batches of their own); the configurations take turns, round after round,
-  and each figure is the median of its rounds;
+- calls/s and the worker's CPU per call: a burst of calls (0 ms upstream, 1 KB) from one tenant, and
+  spread over 100 tenants (each tenant's calls then leave in batches of their own); the configurations
+  take turns, round after round, and each figure is the median of its rounds;
 - Redis commands per call (`INFO commandstats`, every command the server ran, those inside scripts too),
   in the bursts and for calls made one at a time;
 - head of line: two worker processes, an upstream that answers in 200 ms with max_concurrency 16; tenant
@@ -75,12 +75,13 @@ def run(redis_url: str, calls: int, rounds: int, hol_burst: int, reference: Path
 def _throughput(redis_url: str, upstream_url: str, calls: int, name: str, root: Path) -> dict[str, float]:
     fair = name == FAIR
     figures: dict[str, float] = {}
-    with pipeline.toolworker(redis_url, upstream_url, 64, pipeline.RAW_CONCURRENCY, tree=root):
+    with pipeline.toolworker(redis_url, upstream_url, 64, pipeline.RAW_CONCURRENCY, tree=root) as pid:
         for label, tenants in (("one tenant", 1), (f"{MANY_TENANTS} tenants", MANY_TENANTS)):
             names = [f"t{i}" for i in range(tenants)] if fair else ["default"]
-            with _commands(redis_url) as counted:
+            with _commands(redis_url) as counted, pipeline.Meter(pid) as meter:
                 seconds = asyncio.run(_burst(redis_url, calls, names))
             figures[f"{label} calls/s"] = calls / seconds
+            figures[f"{label} worker CPU ms/call"] = meter.cpu_s * 1000 / calls
             figures[f"{label} commands/call"] = counted["total"] / calls
         with _commands(redis_url) as counted:
             asyncio.run(_one_at_a_time(redis_url, SEQUENTIAL_CALLS, "t0" if fair else "default"))
@@ -179,8 +180,8 @@ def _rows(measured: dict[str, list[dict[str, float]]]) -> list[dict[str, Any]]:
     medians = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in measured.items()}
     today = medians[TODAY]
     return [
-        {"case": name, **{k: round(v, 2) for k, v in m.items()}}
-        | {f"{k} ratio": round(v / today[k], 3) for k, v in m.items() if k.endswith("calls/s")}
+        {"case": name, **{k: round(v, 3) for k, v in m.items()}}
+        | {f"{k} ratio": round(v / today[k], 3) for k, v in m.items() if k.endswith(("calls/s", "CPU ms/call"))}
         for name, m in medians.items()
     ]
 

@@ -59,12 +59,14 @@ local DEFAULT, TENANT_MARK, WAKE = '$DEFAULT', '$TENANT_MARK', '$WAKE'
 local LIMITS, IN_FLIGHT, QUEUED = '$LIMITS', '$IN_FLIGHT', '$QUEUED'
 local RING, SEQ = '$RING', '$SEQ'
 
+local known = {}
 local function limits(t)
-  local raw = redis.call('HGET', LIMITS, t)
-  if not raw then raw = redis.call('HGET', LIMITS, DEFAULT) end
-  if not raw then return 1, 0, 0 end
-  local w, f, q = string.match(raw, '^(%d+) (%d+) (%d+)$')
-  return tonumber(w) or 1, tonumber(f) or 0, tonumber(q) or 0
+  if not known[t] then
+    local raw = redis.call('HGET', LIMITS, t) or redis.call('HGET', LIMITS, DEFAULT) or '1 0 0'
+    local w, f, q = string.match(raw, '^(%d+) (%d+) (%d+)$')
+    known[t] = {tonumber(w) or 1, tonumber(f) or 0, tonumber(q) or 0}
+  end
+  return known[t][1], known[t][2], known[t][3]
 end
 
 local function header_calls(item)
