@@ -219,7 +219,9 @@ def test_weights_split_the_fleet(narrow_fleet: Fleet) -> None:
     fleet = narrow_fleet
 
     async def scenario() -> None:
-        heavy, light = AsyncToolClient(fleet.url, tenant="heavy"), AsyncToolClient(fleet.url, tenant="light")
+        # Batches of 10 calls: a tenant's turn (weight x 100 calls) is many messages, not one or three.
+        heavy = AsyncToolClient(fleet.url, tenant="heavy", max_batch=10)
+        light = AsyncToolClient(fleet.url, tenant="light", max_batch=10)
         try:
             calls = [heavy.acall("work", _args("heavy", 0.1), timeout=120) for _ in range(1200)]
             calls += [light.acall("work", _args("light", 0.1), timeout=120) for _ in range(1200)]
@@ -229,7 +231,7 @@ def test_weights_split_the_fleet(narrow_fleet: Fleet) -> None:
             await light.aclose()
 
     asyncio.run(scenario())
-    # Past the first messages taken, while both tenants still wait.
+    # Past the first messages taken, while both tenants still wait: two rounds of 100 + 300 calls.
     window = Counter(who for who, _ in fleet.recorder.arrivals[200:1000])
     ratio = window["light"] / window["heavy"]
     print(f"\n[tenants] weights 1:3: {dict(window)} in 800 calls, ratio {ratio:.2f}")

@@ -84,6 +84,7 @@ local prefix, suffixes = ARGV[1], {}
 for i = 2, #ARGV do suffixes[#suffixes + 1] = ARGV[i] end
 
 local function oldest(keys)
+  if #keys > 1 and redis.call('EXISTS', unpack(keys)) == 0 then return nil end  -- one look at every priority
   for _, src in ipairs(keys) do
     local item = redis.call('LINDEX', src, -1)
     while item == WAKE do
