@@ -130,9 +130,9 @@ def test_tenant_examples(demo_stack: str, tmp_path: Path) -> None:
 
 def test_documented_commands_exist() -> None:
     """Every `toolworker` subcommand the README shows answers --help."""
-    pattern = r"toolworker (worker|call|tools|schema|validate|import-openapi|dev|gateway|mcp)\b"
+    pattern = r"toolworker (worker|call|tools|schema|validate|import-openapi|dev|gateway|mcp|queue)\b"
     commands = set(re.findall(pattern, README))
-    assert commands >= {"worker", "call", "tools", "schema", "validate", "import-openapi", "gateway", "mcp"}
+    assert commands >= {"worker", "call", "tools", "schema", "validate", "import-openapi", "gateway", "mcp", "queue"}
     for command in sorted(commands):
         done = subprocess.run([sys.executable, "-m", "worker", command, "--help"], capture_output=True, timeout=60)
         assert done.returncode == 0, (command, done.stderr)
