@@ -27,7 +27,7 @@ from celery import Celery
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer, ServerThread
-from tests.test_faults import make_call, per_call, stream_envelopes, wait_until
+from tests.test_faults import holdings, make_call, per_call, stream_envelopes, wait_until
 from worker.client import AsyncToolClient, task_messages
 from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE
 from worker.dev.embedded import EmbeddedRedis
@@ -358,3 +358,28 @@ def test_stock_producers_are_served_beside_tenants(fleet: Fleet) -> None:
     assert [e["exitCode"] if e else None for e in envelopes] == [0, 0, 0]
     assert [json.loads(e["result"])["who"] if e else None for e in envelopes] == ["stock", "stock", "raw"]
     assert bulk_done < len(backlog)  # answered while the tenant's backlog was still being worked off
+
+
+@pytest.mark.timeout(180)
+def test_a_stopping_worker_leaves_the_tenant_counts_straight(fleet: Fleet) -> None:
+    """SIGTERM to a worker holding a tenant's calls: every call is answered once, the tenant's waiting and
+    in-flight counts come back to zero and nothing is left held."""
+    stream = f"test:replies:{uuid.uuid4().hex}"
+    calls = [{**make_call("work", _args("bulk", 2), stream, 90), "tenant": "bulk"} for _ in range(40)]
+    with fleet.redis() as r:
+        with r.pipeline(transaction=False) as pipe:
+            scheduler.enqueue(pipe, DEFAULT_QUEUE, "bulk", task_messages(calls, DEFAULT_QUEUE, 5), len(calls))
+            pipe.execute()
+        wait_until(lambda: len(fleet.recorder.arrivals) >= 40, 30, "every call under way")
+        held = holdings(r)
+        leaving = next(p for p in fleet.workers if held[p.pid])
+        leaving.terminate()
+        assert leaving.wait(60) == 0
+        wait_until(lambda: r.xlen(stream) >= 40, 90, "40 envelopes")
+        time.sleep(1)  # room for a second envelope of any call, were one to come
+        counts = per_call(stream_envelopes(r, stream))
+        wait_until(lambda: not any(int(v) for v in r.hvals(scheduler.IN_FLIGHT_KEY)), 10, "nothing in flight")
+        queued = int(r.hget(scheduler.QUEUED_KEY, "bulk") or 0)
+        still_held, unacked = sum(holdings(r).values()), r.hlen("unacked")
+    assert len(counts) == 40 and set(counts.values()) == {1}
+    assert queued == 0 and still_held == 0 and unacked == 0
