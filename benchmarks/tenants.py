@@ -8,7 +8,7 @@ per queue. This process's client drives both; calls for the reference carry no t
   spread over 100 tenants (each tenant's calls then leave in batches of their own); the configurations
   take turns, round after round, and each figure is the median of its rounds;
 - Redis commands per call (`INFO commandstats`, every command the server ran, those inside scripts too),
-  in the bursts and for calls made one at a time;
+  in the bursts and for calls made one at a time, and those calls' p50 (what an idle fleet adds);
 - head of line: two worker processes, an upstream that answers in 200 ms with max_concurrency 16; tenant
   A enqueues a burst, tenant B then calls every 200 ms until A's burst is answered: B's p50 and p99, and
   how long A's burst took.
@@ -84,8 +84,9 @@ def _throughput(redis_url: str, upstream_url: str, calls: int, name: str, root: 
             figures[f"{label} worker CPU ms/call"] = meter.cpu_s * 1000 / calls
             figures[f"{label} commands/call"] = counted["total"] / calls
         with _commands(redis_url) as counted:
-            asyncio.run(_one_at_a_time(redis_url, SEQUENTIAL_CALLS, "t0" if fair else "default"))
+            latencies = asyncio.run(_one_at_a_time(redis_url, SEQUENTIAL_CALLS, "t0" if fair else "default"))
         figures["one at a time commands/call"] = counted["total"] / SEQUENTIAL_CALLS
+        figures["one at a time p50 ms"] = statistics.median(latencies) * 1000
     return figures
 
 
@@ -123,13 +124,18 @@ async def _burst(redis_url: str, calls: int, tenants: list[str]) -> float:
     return seconds
 
 
-async def _one_at_a_time(redis_url: str, calls: int, tenant: str) -> None:
+async def _one_at_a_time(redis_url: str, calls: int, tenant: str) -> list[float]:
+    """Each call's time from submission to envelope, the fleet idle in between (0 ms upstream)."""
     client = AsyncToolClient(redis_url, tenant=tenant)
+    latencies = []
     try:
         for i in range(calls):
+            started = time.perf_counter()
             await client.acall(TOOL, {"i": i}, timeout=pipeline.CALL_TIMEOUT_S)
+            latencies.append(time.perf_counter() - started)
     finally:
         await client.aclose()
+    return latencies
 
 
 def _head_of_line(redis_url: str, upstream_url: str, burst: int, name: str, root: Path) -> dict[str, float]:
