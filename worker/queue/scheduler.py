@@ -295,10 +295,12 @@ def requeued(pipe: Any, source: str, item: bytes, in_flight: bool = True) -> Non
     the tenant has work again, its calls wait instead of running (`in_flight`: not released already)."""
     queue, tenant = source_of(source)
     named = tenant != DEFAULT_TENANT
+    calls = calls_in(item) if in_flight else 0
     if named:
         pipe.zadd(RING_PREFIX + queue, {tenant: 0}, nx=True)  # at the front: these calls waited already
-    if in_flight:
-        pipe.hincrby(IN_FLIGHT_KEY, tenant, -calls_in(item))
+        pipe.eval(RELEASE, 0, queue, tenant, calls)  # and an idle worker is woken for them
+    elif calls:
+        pipe.hincrby(IN_FLIGHT_KEY, tenant, -calls)
     queued = _queued_calls(item, named)
     if queued:
         pipe.hincrby(QUEUED_KEY, tenant, queued)
