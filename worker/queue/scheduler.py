@@ -25,6 +25,11 @@ When every tenant with work owes calls, the first of them is served anyway: the 
 Waiting: an idle worker blocks on the default list with `BLMOVE q q RIGHT RIGHT`, which takes nothing and
 returns once the list is not empty; a push to a named tenant's list into an empty default list adds a
 wake-up item (WAKE) there, which takes drop. So an idle fleet answers a tenant's call at once.
+
+The in-flight count goes down where a taken message leaves its in-flight list: the acknowledgement
+(`release`, in kombu's pipeline) and a hand-back (`requeued`: lease recovery, kombu's restore). The scripts
+build the tenants' keys from their names rather than taking them as KEYS: one server or Sentinel, as the
+broker already requires (Redis Cluster is no Celery broker).
 """
 
 from __future__ import annotations
