@@ -114,6 +114,7 @@ def test_per_tenant_gauges_name_listed_tenants_and_put_the_rest_under_other() ->
     assert total == 7
 
 
+@pytest.mark.integration
 def test_queue_command_prints_per_queue_and_tenant(
     redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
