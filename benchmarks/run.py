@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import gateway, identity, pipeline, tracing
+from benchmarks import gateway, identity, pipeline, tenants, tracing
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -91,6 +91,9 @@ class Sizes:
 
 FULL = Sizes(5000, 2000, 2000, 10.0, 200, 1200, 1000.0, 32)
 TRACING_ROUNDS = 3
+TENANTS_ROUNDS = 3
+TENANTS_BURST = 3000  # the head-of-line burst of the issue (tenant A's calls)
+TENANTS_QUICK_BURST = 500
 QUICK = Sizes(600, 300, 300, 3.0, 50, 1200, 1000.0, 24)
 
 
@@ -291,6 +294,8 @@ def targets(results: dict[str, Any]) -> list[Target]:
     found = [*_throughput_targets(rows), *_light_targets(results["light_load"])]
     if case := results.get("gateway"):
         found += [Target(name, shown, met) for name, shown, met in gateway.targets(case)]
+    if case := results.get("tenants"):
+        found += [Target(name, shown, met) for name, shown, met in tenants.targets(case)]
     if case := results.get("in_flight"):
         found.append(_rss_target(case, f"{MIN_IN_FLIGHT:,}+ calls in flight", MIN_IN_FLIGHT))
     if case := results.get("big_bodies"):
@@ -510,25 +515,30 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
+    only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
-        if not (args.gateway_only or args.tracing_only or args.identity_only):
+        if not only:
             print("matrix", file=sys.stderr, flush=True)
             results["rows"], results["light_load"] = run_matrix(server, sizes, args)
             print("memory: calls in flight, big bodies", file=sys.stderr, flush=True)
             results["in_flight"] = run_in_flight(server.url, sizes)
             results["big_bodies"] = run_big_bodies(server.url, sizes)
-        if not (args.tracing_only or args.identity_only):
+        if not only or args.gateway_only:
             print("gateway: MCP and REST against the direct client", file=sys.stderr, flush=True)
             results["gateway"] = gateway.run(server.url, sizes.calls, sizes.light_calls)
-        if not (args.gateway_only or args.identity_only):
+        if not only or args.tracing_only:
             print("tracing: off, 10% and 100% sampled", file=sys.stderr, flush=True)
             rounds = 1 if args.quick else TRACING_ROUNDS
             results["tracing"] = tracing.run(server.url, sizes.calls, rounds, args.reference_tree)
-        if not (args.gateway_only or args.tracing_only):
+        if not only or args.identity_only:
             print("identity: static tokens and JWT at the gateway", file=sys.stderr, flush=True)
             rounds = 1 if args.quick else TRACING_ROUNDS
             results["identity"] = identity.run(server.url, sizes.calls, sizes.light_calls, rounds)
+        if not only or args.tenants_only:
+            print("tenants: the fair take against the take before tenants", file=sys.stderr, flush=True)
+            rounds, burst = (1, TENANTS_QUICK_BURST) if args.quick else (TENANTS_ROUNDS, TENANTS_BURST)
+            results["tenants"] = tenants.run(server.url, sizes.calls, rounds, burst, args.tenants_reference_tree)
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -547,6 +557,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tracing-only", action="store_true", help="only the tracing rows (about two minutes)")
     parser.add_argument("--identity-only", action="store_true", help="only the gateway's JWT-against-static rows")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
+    parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
+    parser.add_argument(
+        "--tenants-reference-tree",
+        type=Path,
+        help=f"the checkout the tenants' rows compare with (default: commit {tenants.REFERENCE_COMMIT}, from git)",
+    )
     return parser.parse_args(argv)
 
 
@@ -574,6 +590,8 @@ def main(argv: list[str] | None = None) -> None:
         tracing.print_section(results["tracing"])
     if results.get("identity"):
         identity.print_section(results["identity"])
+    if results.get("tenants"):
+        tenants.print_section(results["tenants"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:

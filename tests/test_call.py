@@ -21,6 +21,7 @@ from yarl import URL
 from worker import errors, logs
 from worker.call import shaping
 from worker.call.admission import Turn
+from worker.call.fairness import FairTurns
 from worker.call.job import Answer, Job
 from worker.call.run import run_call
 from worker.call.runtime import TURNS_PER_CONNECTION, Runtime
@@ -474,6 +475,15 @@ async def test_call_logs_finished_without_secrets(run: Any) -> None:
         assert ENV_SECRET not in text and CALL_SECRET not in text, event
 
 
+async def test_call_logs_its_tenant(run: Any) -> None:
+    """Every log line of a call names its tenant (default when the call names none)."""
+    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as events:
+        await run(lookup(tenant="acme"), echo_headers)
+        await run(lookup(), echo_headers)
+    finished = [e for e in events if e["event"] == "call.finished"]
+    assert [e["tenant"] for e in finished] == ["acme", "default"]
+
+
 def test_log_keys_that_name_a_secret_are_redacted_at_any_depth() -> None:
     """Keys naming a secret are redacted in nested mappings too, the same on every line; other keys
     (an integer one too) keep their values."""
@@ -694,10 +704,10 @@ async def test_circuit_opens_and_its_state_is_exported(toolset: ToolSet) -> None
 
 async def test_a_turn_wait_past_the_deadline_reports_no_negative_time() -> None:
     """A call whose deadline passed while it waited to queue for its turn says it waited 0 seconds, not less."""
-    turns = asyncio.Semaphore(1)
-    await turns.acquire()
+    turns = FairTurns(1, lambda tenant: 1)
+    await turns.acquire("default")
     upstream = UpstreamDef("busy", Template.literal("http://127.0.0.1:9"))
-    turn = Turn(turns, upstream, deadline=time.time() - 5)
+    turn = Turn(turns, upstream, deadline=time.time() - 5, tenant="default")
     with pytest.raises(errors.TimedOut) as raised:
         await turn.take()
     assert "waited 0 seconds" in raised.value.message

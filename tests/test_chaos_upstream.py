@@ -22,9 +22,9 @@ from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, wo
 from tests.servers import DnsServer
 from tests.support.hostile import BOMB_BYTES, INJECTED_BODY, HostileUpstream
 from tests.support.waiting import wait_until
-from worker.client import task_messages
 from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
+from worker.protocol import task_messages
 from worker.queue.leases import INFLIGHT_PREFIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(120)]

@@ -12,6 +12,7 @@ from worker.client import AsyncToolClient
 from worker.constants import MAX_CALL_TIMEOUT_S
 from worker.errors import InvalidArguments
 from worker.protocol import parse_call
+from worker.queue.scheduler import WAKE, tenant_list
 
 
 @pytest.fixture
@@ -67,7 +68,8 @@ async def test_the_call_names_its_tenant_and_principal_and_the_default_is_implic
     await tool_client.submit_many([("a", {})], timeout=5)
     await tool_client.submit_many([("b", {})], timeout=5, tenant="default", principal="ci-bot")
     raw = await tool_client._redis.lrange("toolcalls", 0, -1)
-    calls = [json.loads(json.loads(item)["body"])[0][0] for item in raw]
+    raw += await tool_client._redis.lrange(tenant_list("toolcalls", "acme"), 0, -1)  # a tenant's own list
+    calls = [json.loads(json.loads(item)["body"])[0][0] for item in raw if item != WAKE.encode()]
     by_tool = {call["tool"]: call for call in calls}
     assert by_tool["a"]["tenant"] == "acme" and "principal" not in by_tool["a"]
     assert "tenant" not in by_tool["b"] and by_tool["b"]["principal"] == "ci-bot"

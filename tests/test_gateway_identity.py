@@ -37,6 +37,7 @@ from tests.support.oidc import OidcClient, OidcServer, SigningKey
 from tests.support.waiting import wait_until
 from worker.constants import AUDIT_STREAM_KEY
 from worker.dev.embedded import EmbeddedRedis, free_port
+from worker.queue import scheduler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -419,7 +420,8 @@ def test_the_audit_trail_has_one_record_per_call_and_no_secret(identity_stack: I
     client = redis.Redis.from_url(identity_stack.redis_url)
     try:
         records = _records(client, [*call_ids, held.json()["callId"]])
-        queued = b"".join(client.lrange("gateway-held", 0, -1))
+        # The tenant's own list of the queue (fair share) is where the held call waits.
+        queued = b"".join(client.lrange(scheduler.tenant_list("gateway-held", "team-echo"), 0, -1))
     finally:
         client.close()
     assert [r["callId"] for r in records] == [*call_ids, held.json()["callId"]]

@@ -47,6 +47,9 @@ SEAMS = {
     ("worker.client", "worker.call"),
     ("worker.http", "worker.definitions"),
 }
+# The one module of queue/ the client uses: the tenant scheduler owns the tenant keys, and enqueuing for a
+# tenant runs its script, which keeps the list of tenants with work in step with their lists.
+ACROSS_SEAMS = {("worker.client", "worker.queue.scheduler")}
 # The OpenAPI reader's modules, each using only those before it.
 OPENAPI = "worker.definitions.readers.openapi"
 OPENAPI_ORDER = ["refs", "schemas", "operations", "tools", "importer", "entries"]
@@ -107,7 +110,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 def test_no_import_skips_a_seam() -> None:
     """The gateway does not reach into call/, the client not into queue/ or call/, http/ not into definitions/."""
-    skips = [f"{a} -> {b}" for a, b in edges() if (unit(a), unit(b)) in SEAMS]
+    skips = [f"{a} -> {b}" for a, b in edges() if (unit(a), unit(b)) in SEAMS and (a, b) not in ACROSS_SEAMS]
     assert skips == []
 
 

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import start_worker, stop_worker, worker_env
 from tests.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.servers import DnsServer, ServerThread
+from worker.definitions.file_store import load
 from worker.dev.demo import make_app
 from worker.dev.embedded import EmbeddedRedis
 
@@ -114,11 +115,25 @@ def test_plain_redis_example(demo_stack: str) -> None:
     assert json.loads(result)["id"] == "TICKET-123"
 
 
+def test_tenant_examples(demo_stack: str, tmp_path: Path) -> None:
+    """The tenants' client example runs, their limits load, and the other-language recipe is answered."""
+    [client] = [b for b in code_blocks("python") if "TenantQueueFull" in b]
+    assert run_snippet(client, demo_stack).splitlines() == ["0"]
+    [recipe] = [b for b in code_blocks("python") if "toolworker:tenants:ring:toolcalls" in b]
+    assert run_snippet(recipe, demo_stack).splitlines() == ["0"]
+    [limits] = [b for b in code_blocks("yaml") if b.startswith("tenants:")]
+    path = tmp_path / "tenants.yaml"
+    path.write_text(limits, encoding="utf-8")
+    toolset = load([path], environ={})
+    assert toolset.problems == [] and toolset.tenants["live"].weight == 4
+
+
 def test_documented_commands_exist() -> None:
     """Every `toolworker` subcommand the README shows answers --help."""
-    pattern = r"toolworker (worker|call|tools|schema|validate|import-openapi|dev|gateway|mcp|audit)\b"
+    pattern = r"toolworker (worker|call|tools|schema|validate|import-openapi|dev|gateway|mcp|audit|queue)\b"
     commands = set(re.findall(pattern, README))
-    assert commands >= {"worker", "call", "tools", "schema", "validate", "import-openapi", "gateway", "mcp", "audit"}
+    expected = {"worker", "call", "tools", "schema", "validate", "import-openapi", "gateway", "mcp", "audit", "queue"}
+    assert commands >= expected
     for command in sorted(commands):
         done = subprocess.run([sys.executable, "-m", "worker", command, "--help"], capture_output=True, timeout=60)
         assert done.returncode == 0, (command, done.stderr)

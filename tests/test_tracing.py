@@ -220,6 +220,7 @@ def check_worker_spans(stack: Stack, spans: list[Span], parent_id: str, key: str
     assert call.attributes["toolworker.attempts"] == 2
     assert call.attributes["http.response.status_code"] == 200
     assert call.attributes["toolworker.upstream"] == "traced"
+    assert call.attributes["toolworker.tenant"] == "default"
     assert call.status != STATUS_ERROR
     (queued,) = named["queue wait"]
     assert queued.parent_id == call.span_id

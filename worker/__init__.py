@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from worker.client import AsyncToolClient, CallHandle, ToolClient
     from worker.envelope import ToolResult
-    from worker.errors import RedisLost
+    from worker.errors import RedisLost, TenantQueueFull
 
-__all__ = ["AsyncToolClient", "CallHandle", "RedisLost", "ToolClient", "ToolResult"]
+__all__ = ["AsyncToolClient", "CallHandle", "RedisLost", "TenantQueueFull", "ToolClient", "ToolResult"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from worker.errors import RedisLost
 
         return RedisLost
+    if name == "TenantQueueFull":
+        from worker.errors import TenantQueueFull
+
+        return TenantQueueFull
     raise AttributeError(f"module 'worker' has no attribute {name!r}")

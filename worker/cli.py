@@ -101,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     _gateway_options(mcp)
     mcp.set_defaults(handler=_mcp)
 
+    queue = commands.add_parser("queue", help="calls waiting and in flight, per queue and tenant")
+    queue.add_argument("-Q", "--queues", help="comma-separated queues (default: toolcalls and every routed queue)")
+    queue.add_argument("--format", choices=["table", "json"], default="table")
+    queue.set_defaults(handler=_queue)
+
     validate = commands.add_parser("validate", help="check definitions; lists every problem, non-zero on any")
     validate.add_argument("paths", nargs="*", type=Path)
     validate.set_defaults(handler=_validate)
@@ -371,6 +376,30 @@ def _mcp(args: argparse.Namespace) -> int:
     return serve_stdio(settings, Options(args.tag, args.mode))
 
 
+def _queue(args: argparse.Namespace) -> int:
+    """`toolworker queue`: what waits and what runs, per queue and tenant, read from Redis."""
+    import dataclasses
+
+    import redis
+
+    from worker.constants import ROUTES_KEY
+    from worker.queue.scheduler import PRIORITY_SUFFIXES, snapshot
+
+    settings = get_settings()
+    _check_redis(settings)
+    with redis.Redis.from_url(settings.redis_url) as client:
+        routed: Any = client.hvals(ROUTES_KEY)
+        named = [q.strip() for q in (args.queues or "").split(",") if q.strip()]
+        queues = named or sorted({DEFAULT_QUEUE, *(q.decode() for q in routed)})
+        rows = [dataclasses.asdict(row) for row in snapshot(client, queues, PRIORITY_SUFFIXES)]
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(rows, ["queue", "tenant", "waiting", "queued", "in_flight"])
+        print("waiting: messages in the tenant's lists; queued: calls counted at enqueue; in_flight: calls running")
+    return 0
+
+
 def _validate(args: argparse.Namespace) -> int:
     from worker.definitions.file_store import unset_settings
 
@@ -380,7 +409,10 @@ def _validate(args: argparse.Namespace) -> int:
     for unset in unset_settings(toolset, os.environ):
         print(f"unset: {unset}", file=sys.stderr)
     count = len(toolset.problems) + _access_problems()
-    summary = f"{len(toolset.tools)} tools, {len(toolset.upstreams)} upstreams, {count} problem{'s' * (count != 1)}"
+    tenants = f", {len(toolset.tenants)} tenants" if toolset.tenants else ""
+    summary = (
+        f"{len(toolset.tools)} tools, {len(toolset.upstreams)} upstreams{tenants}, {count} problem{'s' * (count != 1)}"
+    )
     print(summary)
     return 1 if count else 0
 

@@ -38,13 +38,15 @@ from worker.constants import (
     DEFAULT_TENANT,
     MAX_CALL_TIMEOUT_S,
     RESULT_KEY_PREFIX,
+    TENANT_LIMITS_KEY,
     TENANT_PATTERN,
 )
 from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
-from worker.errors import RedisLost
+from worker.errors import RedisLost, TenantQueueFull
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_messages
+from worker.queue import scheduler
 from worker.redaction import mask_url
 from worker.settings import get_settings
 
@@ -89,12 +91,14 @@ class AsyncToolClient:
         self.reply_stream = f"toolworker:replies:{uuid.uuid4().hex}"
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
-        # Calls submitted in the same loop tick leave together: one LPUSH, batch messages.
+        # Calls submitted in the same loop tick leave together: one round trip, batch messages per queue and
+        # tenant; the flush's result names the tenants whose calls were refused (max_queued).
         self._outbox: list[dict[str, Any]] = []
-        self._outbox_sent: asyncio.Future[None] | None = None
+        self._outbox_sent: asyncio.Future[dict[str, int]] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._last_flush = -1.0
         self._routes: dict[str, str] = {}
+        self._limits: dict[Any, Any] = {}
         self._routes_at = -_ROUTES_TTL_S
 
     async def acall(
@@ -132,7 +136,8 @@ class AsyncToolClient:
     ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
         calls carry the active span's trace context (OpenTelemetry), else `trace` when given; they are
-        for `tenant` (the client's own when None), made by `principal` when one is named (the gateway)."""
+        for `tenant` (the client's own when None), made by `principal` when one is named (the gateway).
+        Raises TenantQueueFull, enqueuing none of them, when the tenant has its max_queued calls waiting."""
         _check_timeout(timeout)
         tenant = self.tenant if tenant is None else checked_tenant(tenant)
         self._ensure_reader()
@@ -157,8 +162,11 @@ class AsyncToolClient:
         if self._outbox_sent is None:
             self._outbox_sent = loop.create_future()
             self._flusher = loop.create_task(self._flush())  # referenced: a bare task may be collected
+        sent = self._outbox_sent
         try:
-            await asyncio.shield(self._outbox_sent)
+            refused = await asyncio.shield(sent)
+            if tenant in refused:
+                raise TenantQueueFull(tenant, refused[tenant])
         except BaseException:  # not enqueued (or the caller gave up): nothing will answer these
             for message in messages:
                 self._waiting.pop(message["callId"], None)
@@ -174,25 +182,35 @@ class AsyncToolClient:
         sent, self._outbox_sent = self._outbox_sent, None
         assert sent is not None
         try:
-            by_queue = await self._by_queue(messages)
+            groups = await self._grouped(messages)
             async with self._redis.pipeline(transaction=False) as pipe:
-                for queue, calls in by_queue.items():
-                    pipe.lpush(queue, *task_messages(calls, queue, self._max_batch))
-                await pipe.execute()
+                for (queue, tenant), calls in groups.items():
+                    bodies = task_messages(calls, queue, self._batch_size(tenant))
+                    scheduler.enqueue(pipe, queue, tenant, bodies, len(calls))
+                replies = await pipe.execute()
         except Exception as exc:  # every waiting submitter sees the failure
             sent.set_exception(exc)
         else:
-            sent.set_result(None)
+            refused = {group[1]: scheduler.refused_limit(reply) for group, reply in zip(groups, replies, strict=True)}
+            sent.set_result({tenant: limit for tenant, limit in refused.items() if limit is not None})
 
-    async def _by_queue(self, messages: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-        """Group calls by the queue of their tool's upstream (bulkheads); the map is refreshed every 10 s."""
+    async def _grouped(self, messages: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """Group calls by the queue of their tool's upstream (bulkheads) and their tenant; the routes and
+        the tenants' limits are refreshed every 10 s."""
         if time.monotonic() - self._routes_at > _ROUTES_TTL_S:
             self._routes = await read_routes(self._redis)
+            self._limits = await self._redis.hgetall(TENANT_LIMITS_KEY)
             self._routes_at = time.monotonic()
-        grouped: dict[str, list[dict[str, Any]]] = {}
+        grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for message in messages:
-            grouped.setdefault(self._routes.get(message["tool"], self._queue), []).append(message)
+            key = (self._routes.get(message["tool"], self._queue), message.get("tenant", DEFAULT_TENANT))
+            grouped.setdefault(key, []).append(message)
         return grouped
+
+    def _batch_size(self, tenant: str) -> int:
+        """A tenant with a max_in_flight gets batches no larger: a batch's calls run at once."""
+        cap = scheduler.limits_of(self._limits, tenant).max_in_flight
+        return min(self._max_batch, cap) if cap else self._max_batch
 
     async def result(self, call_id: str, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> ToolResult:
         """The envelope of a call; raises TimeoutError when it does not come in time (RedisLost when Redis

@@ -7,6 +7,14 @@ DEFAULT_QUEUE = "toolcalls"
 # stock Celery producers and raw LPUSHes included, belongs to the default tenant.
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+# A message's header with the number of calls it carries (a batch: many). The scheduler counts calls, not
+# messages, in its shares and limits; a message without it (a stock producer's) carries one.
+CALLS_HEADER = "x-toolworker-calls"
+# Tenant -> "weight max_in_flight max_queued" (0: none), from the definitions' `tenants:`; written by
+# worker/definitions/redis_store.py, read by the scheduler's scripts (worker/queue/scheduler.py) and the client.
+TENANT_LIMITS_KEY = "toolworker:tenants:limits"
+# Set by the take on a message of a tenant over its max_queued (a raw producer's): answered with exit 75.
+OVER_QUOTA_HEADER = "x-toolworker-over-quota"
 
 # Celery's Redis result backend stores results under this prefix and publishes on the same channel. The
 # result keys, done markers (worker/queue/publisher.py) and dead letters (worker/queue/dead_letter.py)
@@ -21,6 +29,8 @@ DEAD_LETTER_MAX = 10_000
 ROUTES_KEY = "toolworker:routes"
 # Written and read by worker/call/ratelimit.py only.
 RATE_LIMIT_KEY_PREFIX = "toolworker:ratelimit:"
+# A tenant's rate limit (worker/call/run.py), apart from the upstreams' whatever their names.
+TENANT_RATE_LIMIT_KEY_PREFIX = "toolworker:tenant-ratelimit:"
 
 REDACTED = "[redacted]"
 # A header name or log key matching this (case-insensitive) holds a secret.

@@ -8,6 +8,7 @@
     │   ├── UpstreamUnavailable  69  (circuit open)
     │   ├── InternalError        70
     │   ├── DeadlineExceeded     75
+    │   │   └── TenantQueueFull  75  (the tenant's max_queued; also raised by the client at enqueue)
     │   ├── EgressBlocked        77
     │   └── ToolMisconfigured    78
     └── TransportError           the request was attempted
@@ -88,6 +89,21 @@ class InternalError(RequestError):
 class DeadlineExceeded(RequestError):
     exit_code = 75
     type = "deadline_exceeded"
+
+
+class TenantQueueFull(DeadlineExceeded):
+    """A tenant has max_queued calls waiting: the call is refused, not queued (the client raises it at
+    enqueue; a message pushed past the limit by hand is answered with it)."""
+
+    type = "tenant_queue_full"
+
+    def __init__(self, tenant: str, limit: int) -> None:
+        super().__init__(
+            f"The tenant {tenant!r} may have at most {limit} calls waiting (its max_queued) and has too many; "
+            "this call was refused, not queued. Try again once some have been answered."
+        )
+        self.tenant = tenant
+        self.limit = limit
 
 
 class EgressBlocked(RequestError):

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
 from worker.constants import (
+    CALLS_HEADER,
     DEFAULT_TENANT,
     MAX_CALL_TIMEOUT_S,
     REDACTED,
@@ -111,7 +112,9 @@ def _repr(message: Any, room: int) -> str:
 
 
 def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXECUTE) -> str:
-    """A Celery protocol 2 message, JSON body, as a string to LPUSH onto the queue's list."""
+    """A Celery protocol 2 message, JSON body, as a string to LPUSH onto the queue's list; its CALLS_HEADER
+    says how many calls it carries (the fair take counts calls)."""
+    batch = task == TASK_EXECUTE_BATCH and bool(args) and isinstance(args[0], list)
     body = json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     return json.dumps(
         {
@@ -133,6 +136,7 @@ def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXE
                 "kwargsrepr": "{}",
                 "origin": _ORIGIN,
                 "ignore_result": True,
+                CALLS_HEADER: len(args[0]) if batch else 1,
             },
             "properties": {
                 "correlation_id": task_id,
@@ -185,6 +189,7 @@ def without_call(raw: bytes, call_id: str) -> tuple[bool, str | None]:
     body[0][0] = kept
     message["body"] = json.dumps(body)
     message["headers"]["argsrepr"] = redacted_repr([kept])
+    message["headers"][CALLS_HEADER] = len(kept)  # what the fair take counts
     return True, json.dumps(message)
 
 

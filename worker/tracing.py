@@ -34,12 +34,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from yarl import URL
 
 from worker import errors
+from worker.constants import DEFAULT_TENANT
 
 log = structlog.get_logger("toolworker.tracing")
 
 TRACE_FIELDS = ("traceparent", "tracestate")
 MAX_TRACEPARENT_CHARS = 55  # version 00: 2 + 1 + 32 + 1 + 16 + 1 + 2
 MAX_TRACESTATE_CHARS = 512  # W3C: a longer tracestate may be dropped
+TENANT_ATTRIBUTE = "toolworker.tenant"  # on the call's span: who it was for (a tenant's name is no secret)
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 _W3C = TraceContextTextMapPropagator()
@@ -139,12 +141,17 @@ def producing(tool: str, carrier: Mapping[str, str]) -> AbstractContextManager[N
 
 
 def serving(
-    tool: str, call_id: str, carrier: Mapping[str, str | None], enqueued_at: datetime | None, received_at: float
+    tool: str,
+    call_id: str,
+    carrier: Mapping[str, str | None],
+    enqueued_at: datetime | None,
+    received_at: float,
+    tenant: str = DEFAULT_TENANT,
 ) -> AbstractContextManager[trace.Span | None]:
     """The span of one call (current while it runs), after its time in the queue; None when off."""
     if _tracer is None:
         return _OFF
-    return _serving(_tracer, tool, call_id, carrier, enqueued_at, received_at)
+    return _serving(_tracer, tool, call_id, carrier, enqueued_at, received_at, tenant)
 
 
 @contextmanager
@@ -155,11 +162,17 @@ def _serving(
     carrier: Mapping[str, str | None],
     enqueued_at: datetime | None,
     received_at: float,
+    tenant: str,
 ) -> Iterator[trace.Span]:
     parent: Context = _W3C.extract({k: v for k, v in carrier.items() if v})  # empty: a trace of its own
     taken_ns = int(received_at * 1e9)
     enqueued_ns = None if enqueued_at is None else min(int(enqueued_at.timestamp() * 1e9), taken_ns)
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, "gen_ai.tool.call.id": call_id}
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.id": call_id,
+        TENANT_ATTRIBUTE: tenant,
+    }
     with tracer.start_as_current_span(
         f"execute_tool {tool}",
         context=parent,

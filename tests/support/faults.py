@@ -27,9 +27,10 @@ from aiohttp import web
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.servers import DnsServer, ServerThread
 from tests.support.waiting import wait_until
-from worker.client import ToolClient, task_messages
+from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
+from worker.protocol import task_messages
 from worker.queue.leases import INFLIGHT_PREFIX
 
 FAULTS = FIXTURES / "faults"

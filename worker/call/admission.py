@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaViolation
 
 from worker import errors
+from worker.call.fairness import FairTurns
 from worker.call.runtime import TURNS_PER_CONNECTION
 from worker.constants import MAX_ARGUMENTS_BYTES, MAX_ARGUMENTS_DEPTH
 from worker.definitions.model import Upstream
@@ -87,15 +88,16 @@ def _explain(error: SchemaViolation) -> str:
 
 class Turn:
     """A call's place among the calls under way to its upstream: TURNS_PER_CONNECTION x max_concurrency
-    of them per worker process. The others wait unprepared, in order of arrival; a burst of thousands
+    of them per worker process. The others wait unprepared, each tenant's in order of arrival, the tenants
+    by weighted round robin (`fairness.FairTurns`); a burst of thousands
     would otherwise render and start every request in one go, and hold the loop for a second or more
     while the upstream's answers waited to be read. A call gives its turn back while it sleeps between
     attempts (`pause`).
 
     Used as `async with turn:` around everything the call does at its upstream."""
 
-    def __init__(self, turns: asyncio.Semaphore, upstream: Upstream, deadline: float) -> None:
-        self._turns, self._upstream, self._deadline = turns, upstream, deadline
+    def __init__(self, turns: FairTurns, upstream: Upstream, deadline: float, tenant: str) -> None:
+        self._turns, self._upstream, self._deadline, self._tenant = turns, upstream, deadline, tenant
         self._held = self._sent = False  # _sent: an earlier attempt had its turn
 
     async def __aenter__(self) -> Turn:
@@ -117,7 +119,7 @@ class Turn:
         if self._turns.locked():
             await self._wait()
         else:
-            await self._turns.acquire()  # at once
+            await self._turns.acquire(self._tenant)  # at once
         self._held = self._sent = True
 
     async def _wait(self) -> None:
@@ -128,7 +130,7 @@ class Turn:
         wait_s = max(0.0, min(MAX_RATE_WAIT_S if limited else upstream.timeout_s, self._deadline - time.time()))
         try:
             async with asyncio.timeout(wait_s):
-                await self._turns.acquire()
+                await self._turns.acquire(self._tenant)
         except TimeoutError:
             error = errors.DeadlineExceeded if limited else errors.TimedOut
             raise error(

@@ -42,7 +42,7 @@ class HttpHandler(ABC):
         request: PreparedRequest | None = None
         attempts = 0
         try:
-            async with Turn(runtime.turns(job.upstream), job.upstream, job.deadline) as turn:
+            async with Turn(runtime.turns(job.upstream), job.upstream, job.deadline, job.call.tenant) as turn:
                 request, token = await self.prepare(job, runtime)
                 tried = await self._send(job, runtime, request, turn)
                 if tried.response is not None and tried.response.status == 401 and token is not None:

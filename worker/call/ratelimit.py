@@ -46,9 +46,17 @@ return {1, wait}
 _GCRA_SHA = hashlib.sha1(_GCRA.encode(), usedforsecurity=False).hexdigest()  # what EVALSHA names it by
 
 
-async def acquire(redis: aioredis.Redis, name: str, rate_per_s: float, burst: int, deadline: float) -> None:
-    """Wait for this call's slot under the limit `name` (an upstream's); raise DeadlineExceeded (exit 75) if
-    it comes after `deadline`.
+async def acquire(
+    redis: aioredis.Redis,
+    name: str,
+    rate_per_s: float,
+    burst: int,
+    deadline: float,
+    key_prefix: str = RATE_LIMIT_KEY_PREFIX,
+    whose: str = "The upstream's",
+) -> None:
+    """Wait for this call's slot under the limit `name` (an upstream's; a tenant's under its own key prefix);
+    raise DeadlineExceeded (exit 75) if it comes after `deadline`.
 
     `deadline` is wall-clock epoch seconds (`math.inf` for none). A refused call reserves nothing.
     """
@@ -57,11 +65,11 @@ async def acquire(redis: aioredis.Redis, name: str, rate_per_s: float, burst: in
     interval_us = max(1, round(_MICROS / rate_per_s))
     remaining_s = deadline - time.time()
     if remaining_s < 0:
-        raise _too_late(0.0)
+        raise _too_late(0.0, whose)
     max_wait_us = -1 if math.isinf(remaining_s) else math.floor(remaining_s * _MICROS)
-    granted, wait_us = await _reserve(redis, RATE_LIMIT_KEY_PREFIX + name, interval_us, burst, max_wait_us)
+    granted, wait_us = await _reserve(redis, key_prefix + name, interval_us, burst, max_wait_us)
     if not granted:
-        raise _too_late(wait_us / _MICROS)
+        raise _too_late(wait_us / _MICROS, whose)
     if wait_us > 0:
         await asyncio.sleep(wait_us / _MICROS)
 
@@ -77,10 +85,10 @@ async def _reserve(redis: aioredis.Redis, key: str, interval_us: int, burst: int
     return int(granted) == 1, int(wait_us)
 
 
-def _too_late(wait_s: float) -> errors.DeadlineExceeded:
+def _too_late(wait_s: float, whose: str) -> errors.DeadlineExceeded:
     if wait_s <= 0:
         return errors.DeadlineExceeded("The call's deadline passed before it could start; it was not sent.")
     return errors.DeadlineExceeded(
-        f"The upstream's rate limit would make this call wait {wait_s:.3g} s, past the call's deadline; "
+        f"{whose} rate limit would make this call wait {wait_s:.3g} s, past the call's deadline; "
         "it was not sent. Try again later or with a longer timeout."
     )

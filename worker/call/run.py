@@ -12,14 +12,14 @@ import time
 import structlog
 
 from worker import errors, metrics
-from worker.call import shaping
+from worker.call import ratelimit, shaping
 from worker.call.admission import call_deadline, encoded_size, validate_arguments
 from worker.call.catalog_tools import CatalogTool
 from worker.call.handlers import DefinedTool, ToolHandler
 from worker.call.http_request import HttpRequestTool
 from worker.call.job import Job
 from worker.call.runtime import Runtime
-from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST
+from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, TENANT_RATE_LIMIT_KEY_PREFIX
 from worker.envelope import ToolResult
 from worker.protocol import ToolCall
 
@@ -40,7 +40,7 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
     if call.principal is not None:  # made through the gateway: by whom (a name, never a credential)
         structlog.contextvars.bind_contextvars(principal=call.principal)
     try:
-        job = admit(call, runtime, time.time() if received_at is None else received_at)
+        job = await admit(call, runtime, time.time() if received_at is None else received_at)
         envelope = shaping.envelope(job, await HANDLERS[job.tool.kind].answer(job, runtime))
     except errors.ToolError as exc:
         envelope = ToolResult.failure(call.call_id, call.tool, exc)
@@ -60,12 +60,23 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
     return envelope
 
 
-def admit(call: ToolCall, runtime: Runtime, received_at: float) -> Job:
-    """The call as a job its handler can run: in time, its tool known, its arguments and headers valid."""
+async def admit(call: ToolCall, runtime: Runtime, received_at: float) -> Job:
+    """The call as a job its handler can run: in time, its tool known, its arguments and headers valid,
+    within its tenant's rate limit."""
     deadline = call_deadline(call, received_at)
     tool, upstream = runtime.resolve(call.tool)
     structlog.contextvars.bind_contextvars(upstream=upstream.name)
     arguments = validate_arguments(call.arguments, runtime.validator(tool))
     if call.headers:
         encoded_size(call.headers)  # refuses text that is not valid Unicode
+    await _tenant_rate(call.tenant, runtime, deadline)
     return Job(call, tool, upstream, arguments, deadline)
+
+
+async def _tenant_rate(name: str, runtime: Runtime, deadline: float) -> None:
+    """Wait for the call's slot under its tenant's rate limit (shared by the fleet); 75 past its deadline."""
+    rate = runtime.toolset.tenant(name).rate_limit
+    if rate is not None and runtime.redis is not None:
+        await ratelimit.acquire(
+            runtime.redis, name, rate.per_second, rate.burst, deadline, TENANT_RATE_LIMIT_KEY_PREFIX, "The tenant's"
+        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
 import redis.asyncio as aioredis
@@ -11,6 +10,7 @@ from jsonschema import Draft202012Validator
 from worker import errors
 from worker.call.auth import TokenCache
 from worker.call.circuit import Breakers
+from worker.call.fairness import FairTurns
 from worker.constants import TOOL_ALIASES
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
@@ -41,7 +41,7 @@ class Runtime:
         self.breakers = Breakers()
         self.tokens = TokenCache(redis)
         self._validators: dict[str, Draft202012Validator] = {}
-        self._turns: dict[str, asyncio.Semaphore] = {}
+        self._turns: dict[str, FairTurns] = {}
 
     def resolve(self, name: str) -> tuple[Tool, Upstream]:
         tool = self.toolset.tools.get(TOOL_ALIASES.get(name, name))
@@ -64,12 +64,16 @@ class Runtime:
         self.toolset, self._validators, self._turns = toolset, {}, {}
         self.transport.retire(pool_spec(upstream) for upstream in toolset.upstreams.values())
 
-    def turns(self, upstream: Upstream) -> asyncio.Semaphore:
-        """The turns of the calls to one upstream (see `admission.Turn`)."""
+    def turns(self, upstream: Upstream) -> FairTurns:
+        """The turns of the calls to one upstream, shared by tenant weight (see `admission.Turn`)."""
         turns = self._turns.get(upstream.name)
         if turns is None:
-            turns = self._turns[upstream.name] = asyncio.Semaphore(TURNS_PER_CONNECTION * upstream.max_concurrency)
+            count = TURNS_PER_CONNECTION * upstream.max_concurrency
+            turns = self._turns[upstream.name] = FairTurns(count, self.tenant_weight)
         return turns
+
+    def tenant_weight(self, tenant: str) -> int:
+        return self.toolset.tenant(tenant).weight
 
     def validator(self, tool: Tool) -> Draft202012Validator:
         validator = self._validators.get(tool.name)

@@ -94,7 +94,13 @@ def http_request_tool(upstream: str) -> Tool:
 
 def served_toolset(toolset: ToolSet, http_request_enabled: bool) -> ToolSet:
     """The toolset a worker serves: the defined tools, the catalog tools, `http_request` if enabled."""
-    served = ToolSet(dict(toolset.upstreams), dict(toolset.tools), list(toolset.problems), dict(toolset.unusable))
+    served = ToolSet(
+        dict(toolset.upstreams),
+        dict(toolset.tools),
+        list(toolset.problems),
+        dict(toolset.unusable),
+        dict(toolset.tenants),
+    )
     served.upstreams[WORKER_UPSTREAM] = Upstream(WORKER_UPSTREAM, Template.literal(""))
     extra = catalog_tools(WORKER_UPSTREAM) + ([http_request_tool(WORKER_UPSTREAM)] if http_request_enabled else [])
     for tool in extra:

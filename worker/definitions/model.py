@@ -66,6 +66,19 @@ class RateLimit:
     burst: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A tenant's share and limits (README, "Tenants"): `weight` while the fleet is contended, calls in
+    flight across the fleet, calls waiting, and a rate shared by every worker. None: no limit."""
+
+    name: str
+    weight: int = 1
+    max_in_flight: int | None = None
+    max_queued: int | None = None
+    rate_limit: RateLimit | None = None
+    source: Source = Source("<builtin>")
+
+
 AUTH_TYPES = ("bearer", "basic", "api_key", "oauth2_client_credentials")
 
 
@@ -208,6 +221,12 @@ class ToolSet:
     problems: list[Problem] = field(default_factory=list)
     # Tool name -> why it cannot be used (exit 78 when called).
     unusable: dict[str, str] = field(default_factory=dict)
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+
+    def tenant(self, name: str) -> Tenant:
+        """A tenant's limits: its own, else the default tenant's (under its own name)."""
+        found = self.tenants.get(name) or self.tenants.get(constants.DEFAULT_TENANT)
+        return Tenant(name) if found is None else replace(found, name=name)
 
     def merge(self, other: ToolSet) -> None:
         for name, upstream in other.upstreams.items():
@@ -224,6 +243,12 @@ class ToolSet:
                 self.problems.append(Problem(tool.source, f"duplicate tool name {name!r} (first at {first})"))
                 continue
             self.tools[name] = tool
+        for name, tenant in other.tenants.items():
+            if name in self.tenants:
+                first = self.tenants[name].source
+                self.problems.append(Problem(tenant.source, f"duplicate tenant {name!r} (first at {first})"))
+                continue
+            self.tenants[name] = tenant
         self.problems.extend(other.problems)
         self.unusable.update(other.unusable)
 

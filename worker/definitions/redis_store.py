@@ -31,6 +31,7 @@ from worker.constants import (
     DEFINITIONS_VERSION_KEY,
     FLEET_DEFINITIONS_KEY,
     ROUTES_KEY,
+    TENANT_LIMITS_KEY,
 )
 from worker.definitions.file_store import definition_files, load
 from worker.definitions.model import Problem, ToolSet
@@ -102,6 +103,19 @@ async def follow_announced(
             log.error("definitions.load_failed", digest=digest, error=f"{type(exc).__name__}: {exc}")
 
 
+def write_tenants(client: redis.Redis, toolset: ToolSet) -> None:
+    """Make this toolset's tenant limits the ones the fleet's takes and the clients read (replacing the
+    previous ones at once): tenant -> "weight max_in_flight max_queued", 0 for none."""
+    table = {
+        name: f"{t.weight} {t.max_in_flight or 0} {t.max_queued or 0}" for name, t in sorted(toolset.tenants.items())
+    }
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(TENANT_LIMITS_KEY)
+        if table:
+            pipe.hset(TENANT_LIMITS_KEY, mapping=cast(Any, table))
+        pipe.execute()
+
+
 async def read_routes(client: aioredis.Redis) -> dict[str, str]:
     """The routes the workers published: tool -> queue."""
     raw: Any = await client.hgetall(ROUTES_KEY)
@@ -137,6 +151,7 @@ def publish(client: redis.Redis, paths: list[Path], environ: Mapping[str, str] |
         pipe.set(DEFINITIONS_CURRENT_KEY, version)
         pipe.execute()
     write_routes(client, toolset)
+    write_tenants(client, toolset)
     return version, toolset
 
 

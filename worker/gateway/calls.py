@@ -37,6 +37,8 @@ from worker.gateway.withdraw import withdraw
 from worker.settings import Settings
 
 MAX_CALL_ID_CHARS = 256
+# What a client refused for its tenant's max_queued is told to wait before it tries again (Retry-After).
+QUEUE_FULL_RETRY_AFTER_S = 5
 
 
 class CallIdConflict(ValueError):
@@ -100,12 +102,12 @@ class Calls:
 
     async def submit(self, spec: CallSpec) -> Submitted:
         """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
-        FleetUnavailable."""
+        FleetUnavailable, TenantQueueFull (the tenant's max_queued)."""
         tool = self.resolve(spec.tool, spec.principal)
         await self.health.admit()
         call_id = spec.call_id or str(uuid.uuid4())
         if spec.call_id is not None and not await self._claim(call_id, spec):
-            return Submitted(call_id, tool, enqueued=False)
+            return Submitted(call_id, tool, enqueued=False, principal=spec.principal)
         headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
         call = (spec.tool, dict(spec.arguments), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
@@ -171,9 +173,10 @@ class Calls:
             return None
         return claim.tool
 
-    async def withdraw(self, call_id: str, tool: str) -> bool:
-        """Take a call that has not started off the queue; its callId is free again afterwards."""
-        if not await withdraw(self._redis, tool, call_id):
+    async def withdraw(self, call_id: str, tool: str, tenant: str) -> bool:
+        """Take a call that has not started off the queue (its tenant's list); its callId is free again
+        afterwards."""
+        if not await withdraw(self._redis, tool, call_id, tenant):
             return False
         await self._claims.release(call_id)
         return True

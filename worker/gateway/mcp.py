@@ -39,7 +39,7 @@ from starlette.requests import Request
 
 from worker import tracing
 from worker.envelope import ToolResult
-from worker.errors import UnknownTool
+from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import discovery, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
@@ -156,10 +156,12 @@ class McpFront:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
         except FleetUnavailable as exc:
             return _text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
+        except TenantQueueFull as exc:
+            return _text_result(exc.message, is_error=True)
         try:
             envelope = await self._envelope(ctx, submitted)
         except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
-            self._spawn(self._withdraw(submitted.call_id, name))
+            self._spawn(self._withdraw(submitted.call_id, name, submitted.principal.tenant))
             raise
         if envelope is None:
             await self.calls.hold(submitted, spec)
@@ -177,8 +179,8 @@ class McpFront:
         waiting = self.calls.answer(submitted, self.timeout_s)
         return await (_unless(waiting, watchers) if watchers else waiting)
 
-    async def _withdraw(self, call_id: str, tool: str) -> None:
-        withdrawn = await self.calls.withdraw(call_id, tool)
+    async def _withdraw(self, call_id: str, tool: str, tenant: str) -> None:
+        withdrawn = await self.calls.withdraw(call_id, tool, tenant)
         if withdrawn:
             metrics.WITHDRAWN.inc()
         log.info("gateway.call_cancelled", callId=call_id, tool=tool, withdrawn=withdrawn)

@@ -30,10 +30,17 @@ from starlette.routing import Route
 
 from worker.definitions import catalog
 from worker.envelope import ToolResult
-from worker.errors import UnknownTool
+from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body, parse
-from worker.gateway.calls import MAX_CALL_ID_CHARS, CallIdConflict, Calls, CallSpec, Submitted
+from worker.gateway.calls import (
+    MAX_CALL_ID_CHARS,
+    QUEUE_FULL_RETRY_AFTER_S,
+    CallIdConflict,
+    Calls,
+    CallSpec,
+    Submitted,
+)
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import principal_of
 
@@ -96,6 +103,10 @@ def guarded(handler: Handler) -> Handler:
             return error(409, "call_id_conflict", str(exc))
         except FleetUnavailable as exc:
             return error(503, "unavailable", f"The tool fleet cannot take calls now: {exc}")
+        except TenantQueueFull as exc:
+            response = error(429, exc.type, exc.message, tenant=exc.tenant, maxQueued=exc.limit)
+            response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
+            return response
 
     return run
 
@@ -144,10 +155,11 @@ class Rest:
 
     async def withdraw_call(self, request: Request) -> Response:
         call_id = request.path_params["call_id"]
-        tool = await self.calls.tool_of(call_id, principal_of(request.scope))
+        principal = principal_of(request.scope)
+        tool = await self.calls.tool_of(call_id, principal)
         if tool is None and await self.calls.wait(call_id, 0.0) is None:
             return error(404, "unknown_call", f"No call {call_id!r} is waiting.")
-        if tool is not None and await self.calls.withdraw(call_id, tool):
+        if tool is not None and await self.calls.withdraw(call_id, tool, principal.tenant):
             metrics.WITHDRAWN.inc()
             return JSONResponse({"callId": call_id, "withdrawn": True})
         return error(409, "already_started", "The call was taken by a worker already; it runs to its end.")

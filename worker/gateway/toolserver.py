@@ -27,10 +27,10 @@ from starlette.routing import Route
 
 from worker.definitions import catalog
 from worker.envelope import ToolResult
-from worker.errors import UnknownTool
+from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body
-from worker.gateway.calls import Calls, CallSpec
+from worker.gateway.calls import QUEUE_FULL_RETRY_AFTER_S, Calls, CallSpec
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import principal_of
@@ -58,6 +58,10 @@ def guarded(handler: Handler) -> Handler:
             return _detail(404, str(exc))
         except FleetUnavailable as exc:
             return _detail(503, f"The tool fleet cannot take calls now: {exc}")
+        except TenantQueueFull as exc:
+            response = _detail(429, exc.message)
+            response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
+            return response
 
     return run
 

@@ -13,17 +13,26 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from worker.constants import DEFAULT_QUEUE
+from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT
 from worker.definitions.redis_store import read_routes
 from worker.protocol import call_id_needle, without_call
+from worker.queue import scheduler
 
 # The waiting messages looked through, newest first (a call further back is about to be taken anyway).
 SCAN_LIMIT = 10_000
 
 
-async def withdraw(client: aioredis.Redis, tool: str, call_id: str) -> bool:
-    """Take the call off its queue; False when it is not waiting there (started, answered or unknown)."""
-    queue = (await read_routes(client)).get(tool, DEFAULT_QUEUE)
+async def withdraw(client: aioredis.Redis, tool: str, call_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+    """Take the call off its queue (its tenant's list there); False when it is not waiting there (started,
+    answered or unknown). The tenant's count of calls waiting goes down by one."""
+    if not await _take_off(client, tool, call_id, tenant):
+        return False
+    await client.hincrby(scheduler.QUEUED_KEY, tenant, -1)
+    return True
+
+
+async def _take_off(client: aioredis.Redis, tool: str, call_id: str, tenant: str) -> bool:
+    queue = scheduler.tenant_list((await read_routes(client)).get(tool, DEFAULT_QUEUE), tenant)
     needle = call_id_needle(call_id)
     raw_messages: list[Any] = await client.lrange(queue, 0, SCAN_LIMIT - 1)
     for raw in raw_messages:

@@ -66,20 +66,29 @@ def close_process_service(timeout_s: float = 5.0) -> None:
 
 
 def serve_task(
-    task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None
+    task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None, over_quota: Any = None
 ) -> Coroutine[Any, Any, Any]:
     """The work of one task message, ending with the task's result: `execute` carries a call (its
     summary), `execute_batch` a list of them (theirs). kombu marks every message it delivers again
-    (restored after a lost worker or connection) `redelivered`. Bounded by the visibility timeout, on
-    whichever path it runs, since it cannot be of use once the message is delivered again anyway."""
+    (restored after a lost worker or connection) `redelivered`; the take marks a message of a tenant over
+    its max_queued (`over_quota`: the limit), whose calls are refused. Bounded by the visibility timeout,
+    on whichever path it runs, since it cannot be of use once the message is delivered again anyway."""
     service = process_service()  # built at worker start; never on the loop
     redelivered = bool((delivery_info or {}).get("redelivered", True))
+    limit = _limit(over_quota)
     if task == TASK_EXECUTE:
-        work: Awaitable[Any] = _first(service.serve([payload], task_id, batch=False, redelivered=redelivered))
+        work: Awaitable[Any] = _first(service.serve([payload], task_id, False, redelivered, limit))
     else:
         calls = payload if isinstance(payload, list) else [payload]
-        work = service.serve(calls, task_id, batch=True, redelivered=redelivered)
+        work = service.serve(calls, task_id, True, redelivered, limit)
     return _bounded(work, get_settings().visibility_timeout_seconds)
+
+
+def _limit(over_quota: Any) -> int | None:
+    try:
+        return None if over_quota is None else int(over_quota)
+    except (TypeError, ValueError):
+        return None  # not the take's mark: a producer's own header
 
 
 async def _bounded(work: Awaitable[Any], limit_s: float) -> Any:
@@ -96,6 +105,8 @@ async def _first(summaries: Awaitable[list[dict[str, Any]]]) -> dict[str, Any] |
     return done[0] if done else None
 
 
-def run_task(task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None) -> Any:
+def run_task(
+    task: str, task_id: str, payload: Any, delivery_info: Mapping[str, Any] | None, over_quota: Any = None
+) -> Any:
     """Bridge from a Celery pool thread to the process loop (the bound is inside `serve_task`)."""
-    return process_loop().run(serve_task(task, task_id, payload, delivery_info))
+    return process_loop().run(serve_task(task, task_id, payload, delivery_info, over_quota))

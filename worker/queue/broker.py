@@ -1,11 +1,11 @@
 """kombu's Redis transport, made to lose no message when a worker dies, and to survive a broker restart
 while calls are running.
 
-Taking a message is one atomic step: ``BLMOVE`` from the queue into this process's in-flight list, where
-kombu's ``BRPOP`` took it off the queue one round trip before recording it (a worker killed in between
-lost it). The process holds a lease on what it took and renews it; when a holder dies, the live workers
-hand its messages back within seconds (``leases.py``). Acknowledging or rejecting a message removes it
-from the in-flight list too.
+Taking a message is one atomic step: a script (the fair take over the queue's tenants, ``scheduler.py``)
+moves it from the queue into this process's in-flight list, where kombu's ``BRPOP`` took it off the queue
+one round trip before recording it (a worker killed in between lost it). The process holds a lease on what
+it took and renews it; when a holder dies, the live workers hand its messages back within seconds
+(``leases.py``). Acknowledging or rejecting a message removes it from the in-flight list too.
 
 kombu 5.7's ``Channel.close()`` first reads the pending poll reply; on a dead connection that read raises
 before the channel is marked closed. Celery's reconnect then closes the channel a second time after
@@ -41,8 +41,10 @@ import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
+from kombu.utils.json import dumps, loads
 
+from worker.constants import DEFAULT_TENANT
+from worker.queue import scheduler
 from worker.queue.leases import Leases, delivery_tag, inflight_key
 from worker.settings import get_settings
 
@@ -70,15 +72,10 @@ def process_leases(channel: kombu_redis.Channel) -> Leases:
         return _leases[1]
 
 
-# Moves the first message of the first non-empty queue key (in priority order) into the holder's in-flight
-# list for that key, in one step. KEYS: the queue keys. ARGV[1]: the in-flight list prefix of the holder.
-_TAKE = """
-for _, source in ipairs(KEYS) do
-  local item = redis.call('LMOVE', source, ARGV[1] .. source, 'RIGHT', 'LEFT')
-  if item then return {source, item} end
-end
-return nil
-"""
+# How long a worker that was woken for nothing (every tenant with work at its max_in_flight) waits before
+# it looks again, instead of waiting on a list that is not empty.
+_NAP_S = 0.05
+_NAP_KEY = "toolworker:tenants:nap"  # never pushed: a wait on it is a pause on the connection
 
 
 class QoS(kombu_redis.QoS):
@@ -88,6 +85,7 @@ class QoS(kombu_redis.QoS):
         entry = self.channel.taken.get(bytes_to_str(delivery_tag))
         if entry is not None:
             pipe.lrem(entry[0], 1, entry[1])
+            scheduler.release(pipe, self.channel.source_of(entry[0]), entry[1])
         return pipe
 
     def ack(self, delivery_tag: str) -> None:
@@ -104,13 +102,15 @@ class QoS(kombu_redis.QoS):
 
 
 class Channel(kombu_redis.Channel):
-    """Takes messages with `_TAKE` (at once, every queue and priority) or, when none is waiting, `BLMOVE`
-    (waiting on one queue's own key); both record the message in the same step."""
+    """Takes messages with the fair take (scheduler.TAKE: every queue, tenant and priority, the message
+    recorded in the same step) or, when none is waiting, waits for one with `BLMOVE` on one queue's own
+    key without taking it (scheduler's docstring)."""
 
     QoS = QoS
     _opened_with: dict[bool, dict[str, Any]]
-    _polled: str | None = None  # the key BLMOVE waits on; None for a take
     _wait_next = False
+    _woken = False  # the last wait ended because the queue's list was not empty
+    _nap = False  # woken for nothing: pause before looking again
     _in_poll: Any
     _brpop_sent_at: Any
 
@@ -145,46 +145,66 @@ class Channel(kombu_redis.Channel):
         return dict(opened[asynchronous])
 
     def _brpop_start(self, timeout: float | None = None) -> None:
-        """Take the next waiting message, or (after a take found none) wait for one on the next queue."""
+        """Take the next message due (scheduler.TAKE), or (after a take found none) wait for one to come."""
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
-        prefix = inflight_key(process_leases(self).holder, "")
         if self._wait_next:
             wait_s = self.brpop_timeout if timeout is None else timeout
             if len(queues) > 1:
                 wait_s = min(wait_s, _MULTI_QUEUE_WAIT_S)
                 self._queue_cycle.rotate(queues[0])  # the next wait is on the next queue
-            source = self._q_for_pri(queues[0], 0)
-            command: list[Any] = ["BLMOVE", source, prefix + source, "RIGHT", "LEFT", wait_s or 0]
-            self._polled = source
+            key, wait_s = (_NAP_KEY, _NAP_S) if self._nap else (self._q_for_pri(queues[0], 0), wait_s)
+            # A list moved onto itself, right to right: returns once it is not empty, and takes nothing.
+            command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", wait_s or 0]
         else:
-            keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
-            command = ["EVAL", _TAKE, len(keys), *keys, prefix]
-            self._polled = None
+            prefix = inflight_key(process_leases(self).holder, "")
+            suffixes = [self._q_for_pri("", pri) for pri in self.priority_steps]
+            command = scheduler.take_command(queues, prefix, suffixes)
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
         self.client.connection.send_command(*command)
 
     def _brpop_read(self, **options: Any) -> bool:
-        waited, source = self._wait_next, self._polled
+        waited = self._wait_next
         try:
             try:
                 reply = self.client.parse_response(self.client.connection, "BLMOVE" if waited else "EVAL", **options)
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next poll reconnects
                 raise
-            self._wait_next = not reply and not waited  # nothing waiting: wait for one next time
+            if waited:  # woken (or the wait ran out): take next
+                self._wait_next, self._woken = False, bool(reply)
+                raise Empty()
+            self._wait_next, self._nap, self._woken = not reply, not reply and self._woken, False
             if not reply:
                 raise Empty()
-            if not waited:
-                source, reply = bytes_to_str(reply[0]), reply[1]
-            assert source is not None
-            self._deliver_taken(source, reply)
+            self._deliver_taken(bytes_to_str(reply[0]), reply[1])
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+
+    def source_of(self, inflight: str) -> str:
+        """The queue list a message in this process's in-flight list `inflight` was taken from."""
+        return inflight[len(inflight_key(process_leases(self).holder, "")) :]
+
+    def _do_restore_message(
+        self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False
+    ) -> None:
+        """A message put back (a rejected or unfinished one) goes back to the list it was taken from."""
+        entry = self.taken.get(str((payload.get("properties") or {}).get("delivery_tag")))
+        if entry is None:
+            return super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)  # type: ignore[no-any-return]
+        source = self.source_of(entry[0])
+        if scheduler.source_of(source)[1] == DEFAULT_TENANT:
+            super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        else:
+            payload["headers"]["redelivered"] = True
+            payload["properties"].setdefault("delivery_info", {})["redelivered"] = True
+            (pipe.lpush if leftmost else pipe.rpush)(source, dumps(payload))
+        scheduler.requeued(pipe, source, entry[1], in_flight=False)
+        return None
 
     def _deliver_taken(self, source: str, item: bytes) -> None:
         tag = delivery_tag(item)

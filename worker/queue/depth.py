@@ -1,13 +1,19 @@
-"""Queue depth and calls held, per queue, read from Redis when Prometheus scrapes: an autoscaler's signal.
+"""Queue depth and calls held, per queue and per tenant, read from Redis when Prometheus scrapes: an
+autoscaler's signal, and who is waiting.
 
-    toolworker_queue_depth{queue}      messages waiting (every priority of the queue)
-    toolworker_queue_in_flight{queue}  messages taken by any worker and not yet acknowledged
+    toolworker_queue_depth{queue}                messages waiting (every priority and tenant of the queue)
+    toolworker_queue_in_flight{queue}            messages taken by any worker and not yet acknowledged
+    toolworker_tenant_queue_depth{queue,tenant}  messages waiting, per tenant
+    toolworker_tenant_in_flight{tenant}          calls taken and not yet acknowledged, per tenant
 
-Both are fleet-wide (every worker exports the same values): aggregate them with max(), not sum().
+All are fleet-wide (every worker exports the same values): aggregate them with max(), not sum(). The
+tenant label takes the tenants the definitions list (and `default`); every other tenant is counted under
+`other`, so that callers cannot grow the number of series.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
 import redis
@@ -15,11 +21,12 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from worker.constants import DEFAULT_TENANT
+from worker.queue import scheduler
 from worker.queue.leases import INFLIGHT_PREFIX
 
 log = structlog.get_logger("toolworker.metrics")
-# kombu's Redis transport keeps priorities 3, 6 and 9 of a queue in lists of their own (its default steps).
-_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+OTHER_TENANTS = "other"  # the label of every tenant the definitions do not list
 
 
 class QueueDepth(Collector):
@@ -29,25 +36,34 @@ class QueueDepth(Collector):
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The families, without reading Redis (prometheus-client calls this when registering)."""
-        return iter(_families())
+        return iter(_families() + _tenant_families())
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         depth, held = _families()
+        tenant_depth, tenant_held = _tenant_families()
         try:
+            rows = scheduler.snapshot(self._client, self._queues, scheduler.PRIORITY_SUFFIXES)
             for queue in self._queues:
-                depth.add_metric([queue], self._waiting(queue))
+                depth.add_metric([queue], sum(row.waiting for row in rows if row.queue == queue))
                 held.add_metric([queue], self._held(queue))
+            self._per_tenant(rows, tenant_depth, tenant_held)
         except redis.RedisError as exc:  # a scrape without them beats a failed scrape
             log.warning("metrics.queue_depth_failed", error=str(exc))
             return
-        yield depth
-        yield held
+        yield from (depth, held, tenant_depth, tenant_held)
 
-    def _waiting(self, queue: str) -> int:
-        with self._client.pipeline(transaction=False) as pipe:
-            for suffix in _PRIORITY_SUFFIXES:
-                pipe.llen(queue + suffix)
-            return sum(pipe.execute())
+    def _per_tenant(self, rows: list[scheduler.TenantRow], depth: GaugeMetricFamily, held: GaugeMetricFamily) -> None:
+        listed = scheduler.listed_tenants(self._client) | {DEFAULT_TENANT}
+        waiting: Counter[tuple[str, str]] = Counter({(q, t): 0 for q in self._queues for t in listed})
+        for row in rows:
+            waiting[row.queue, row.tenant if row.tenant in listed else OTHER_TENANTS] += row.waiting
+        for (queue, tenant), count in sorted(waiting.items()):
+            depth.add_metric([queue, tenant], count)
+        calls: Counter[str] = Counter(dict.fromkeys(listed, 0))
+        for tenant, count in scheduler.in_flight(self._client).items():
+            calls[tenant if tenant in listed else OTHER_TENANTS] += count
+        for tenant, count in sorted(calls.items()):
+            held.add_metric([tenant], count)
 
     def _held(self, queue: str) -> int:
         keys = [key for key in self._client.scan_iter(match=f"{INFLIGHT_PREFIX}*", count=1000) if _of(key, queue)]
@@ -69,5 +85,15 @@ def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
     depth = GaugeMetricFamily("toolworker_queue_depth", "Messages waiting in a queue.", labels=["queue"])
     held = GaugeMetricFamily(
         "toolworker_queue_in_flight", "Messages taken from a queue and not yet acknowledged.", labels=["queue"]
+    )
+    return depth, held
+
+
+def _tenant_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    depth = GaugeMetricFamily(
+        "toolworker_tenant_queue_depth", "Messages waiting in a queue, per tenant.", labels=["queue", "tenant"]
+    )
+    held = GaugeMetricFamily(
+        "toolworker_tenant_in_flight", "Calls taken and not yet acknowledged, per tenant.", labels=["tenant"]
     )
     return depth, held

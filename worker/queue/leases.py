@@ -1,7 +1,7 @@
 """Leases: which live worker process holds which messages, so that a dead one's come back in seconds.
 
-    take       BLMOVE <queue> -> toolworker:inflight:<holder>:<queue>   (one atomic step: no message is
-               ever only in a process's memory)
+    take       <queue list> -> toolworker:inflight:<holder>:<queue list>, in the fair take's script (one
+               atomic step: no message is ever only in a process's memory)
     hold       SET toolworker:lease:<holder> EX lease_s, renewed every lease_s / 5 by a thread of its own
     ack        LREM it from the holder's in-flight list (and kombu's unacked records, as before)
     recover    any live worker, every few seconds: a holder in toolworker:holders without a lease is dead;
@@ -28,6 +28,8 @@ from typing import Any
 
 import redis
 import structlog
+
+from worker.queue import scheduler
 
 log = structlog.get_logger("toolworker.leases")
 
@@ -145,6 +147,7 @@ class Leases:
                     pipe.hdel(unacked, tag)
                     pipe.zrem(unacked_index, tag)
                 pipe.rpush(queue_key, redelivered(raw))
+                scheduler.requeued(pipe, queue_key, raw)
             pipe.delete(inflight)
             return len(items)
 

@@ -27,7 +27,7 @@ from celery.concurrency import thread
 from celery.utils.saferepr import saferepr
 from kombu.serialization import loads, prepare_accept_content
 
-from worker.constants import ACCEPT_CONTENT, TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.constants import ACCEPT_CONTENT, OVER_QUOTA_HEADER, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.loop import process_loop
 from worker.queue.bridge import serve_task
 from worker.queue.outcome import CallFailed, failure
@@ -62,7 +62,8 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
         if payload is None:
             return super().on_apply(target, args, kwargs, callback, accept_callback, **options)
         assert args is not None and callback is not None
-        work = serve_task(args[0], args[1], payload[0], (args[2] or {}).get("delivery_info"))
+        request = args[2] or {}
+        work = serve_task(args[0], args[1], payload[0], request.get("delivery_info"), request.get(OVER_QUOTA_HEADER))
         future = asyncio.run_coroutine_threadsafe(work, process_loop().loop)
         if accept_callback:
             accept_callback(os.getpid(), time.monotonic())

@@ -40,19 +40,20 @@ class Service:
         self.definitions_version = definitions_version
 
     async def serve(
-        self, messages: list[Any], task_id: str, batch: bool, redelivered: bool = True
+        self, messages: list[Any], task_id: str, batch: bool, redelivered: bool = True, over_quota: int | None = None
     ) -> list[dict[str, Any]]:
         """Answer every message with exactly one published envelope; return short summaries.
 
         A message the broker delivers again (its first worker was lost, or the connection was) may hold
         calls already answered: those are skipped. A first delivery needs no such check, and publication
-        stays once per callId either way."""
+        stays once per callId either way. A message taken while its tenant was over its max_queued
+        (`over_quota`) has its calls refused (exit 75), not run."""
         received_at = time.time()
         parsed = [_parse(message, task_id, i if batch else None) for i, message in enumerate(messages)]
         done = await self._already_done([p[0].call_id for p in parsed]) if redelivered else set()
         if done:
             log.info("call.already_answered", callIds=sorted(done))
-        pending = [p for p in parsed if p[0].call_id not in done]
+        pending = [(_refused(p[0], over_quota), p[1]) for p in parsed if p[0].call_id not in done]
         # Every call of the message runs to its end before a failure hands the message back.
         outcomes = await asyncio.gather(
             *(self._answer(item, reply_to, received_at) for item, reply_to in pending), return_exceptions=True
@@ -94,7 +95,7 @@ class Service:
         context = {"traceparent": call.traceparent, "tracestate": call.tracestate}
         upstream = self.runtime.upstream_of(call.tool)
         tool = call.tool if upstream is not None else metrics.UNRESOLVED_TOOL  # the model's text is no name
-        with tracing.serving(tool, call.call_id, context, call.enqueued_at, received_at) as span:
+        with tracing.serving(tool, call.call_id, context, call.enqueued_at, received_at, call.tenant) as span:
             result = await run_call(call, self.runtime, received_at)
             error_type = None if result.error is None else str(result.error.get("type"))
             tracing.answered(span, upstream, result.exit_code, result.status_code, result.attempts, error_type)
@@ -115,6 +116,14 @@ class Service:
 def _reason(exc: Exception) -> str:
     """What went wrong, for the log: the error's type and the start of its text (Redis errors name no value)."""
     return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _refused(item: ToolCall | ToolResult, over_quota: int | None) -> ToolCall | ToolResult:
+    """The call, or its refusal when its tenant was over its max_queued as the message was taken."""
+    if over_quota is None or isinstance(item, ToolResult):
+        return item
+    log.warning("call.over_quota", callId=item.call_id, tenant=item.tenant, maxQueued=over_quota)
+    return ToolResult.failure(item.call_id, item.tool, errors.TenantQueueFull(item.tenant, over_quota))
 
 
 def _parse(message: Any, task_id: str, index: int | None) -> tuple[ToolCall | ToolResult, str | None]:
@@ -157,6 +166,7 @@ def _initial_definitions(settings: Settings, bundles: shared.Bundles | None) -> 
         if settings.store == "file":
             toolset = _loaded(store.load([settings.definitions]), "file")
             shared.announce(client, [settings.definitions], toolset)  # routes for clients, files for gateways
+            shared.write_tenants(client, toolset)
             return 0, toolset
         payload = shared.current_payload(client)
     finally:

@@ -9,7 +9,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 from celery.worker.request import Request
 
 from worker import metrics
-from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
+from worker.constants import OVER_QUOTA_HEADER, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.heap import settle_heap
 from worker.protocol import redacted_repr
 from worker.queue.app import app
@@ -42,7 +42,9 @@ class CallTask(Task):  # type: ignore[misc]
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE)
 def execute(self: CallTask, message: Any = None) -> dict[str, Any] | None:
-    summary: dict[str, Any] | None = run_task(TASK_EXECUTE, self.request.id, message, self.request.delivery_info)
+    summary: dict[str, Any] | None = run_task(
+        TASK_EXECUTE, self.request.id, message, self.request.delivery_info, _over_quota(self)
+    )
     _raise_if_failed(summary)
     return summary
 
@@ -50,10 +52,15 @@ def execute(self: CallTask, message: Any = None) -> dict[str, Any] | None:
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE_BATCH)
 def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
     summaries: list[dict[str, Any]] = run_task(
-        TASK_EXECUTE_BATCH, self.request.id, messages, self.request.delivery_info
+        TASK_EXECUTE_BATCH, self.request.id, messages, self.request.delivery_info, _over_quota(self)
     )
     _raise_if_failed(summaries)
     return summaries
+
+
+def _over_quota(task: CallTask) -> Any:
+    """The tenant's max_queued that the take found exceeded (a header of the message), if it did."""
+    return getattr(task.request, OVER_QUOTA_HEADER, None)
 
 
 def _raise_if_failed(summaries: Any) -> None:

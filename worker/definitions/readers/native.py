@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import Field, ValidationError
 
+from worker.constants import TENANT_PATTERN
 from worker.definitions.jolt import jolt_transform
 from worker.definitions.model import (
     METHODS,
     TOOL_NAME_PATTERN,
     Body,
+    RateLimit,
     RequestTemplate,
     Source,
+    Tenant,
     Tool,
     ToolSet,
     Transform,
 )
 from worker.definitions.readers.document import Document, StrictModel
 from worker.definitions.readers.openapi import read_entries
-from worker.definitions.readers.upstreams import UpstreamModel, build_upstream
+from worker.definitions.readers.upstreams import RateLimitModel, UpstreamModel, build_upstream
 from worker.definitions.templates import Template, TemplateSyntaxError
 from worker.definitions.transforms import TransformError, jmespath_transform
 
@@ -55,12 +59,19 @@ class ToolModel(StrictModel):
     response: ResponseModel = ResponseModel()
 
 
+class TenantModel(StrictModel):
+    weight: int = Field(1, ge=1, le=1000)
+    max_in_flight: int | None = Field(None, ge=1)
+    max_queued: int | None = Field(None, ge=1)
+    rate_limit: RateLimitModel | None = None
+
+
 class NativeReader:
     name = "native"
 
     def accepts(self, doc: Document) -> bool:
         data = doc.data
-        return isinstance(data, dict) and bool(data) and set(data) <= {"upstreams", "tools", "openapi"}
+        return isinstance(data, dict) and bool(data) and set(data) <= {"upstreams", "tools", "openapi", "tenants"}
 
     def read(self, doc: Document) -> ToolSet:
         out = ToolSet()
@@ -68,6 +79,8 @@ class NativeReader:
             self._read_upstream(doc, str(name), raw, out)
         for index, raw in enumerate(doc.data.get("tools") or []):
             self._read_tool(doc, index, raw, out)
+        for name, raw in (doc.data.get("tenants") or {}).items():
+            self._read_tenant(doc, str(name), raw, out)
         if doc.data.get("openapi"):
             out.merge(read_entries(doc, set(doc.data.get("upstreams") or {})))
         return out
@@ -80,6 +93,25 @@ class NativeReader:
             out.problems.extend(doc.validation_problems(exc, "upstreams", name))
         except (TemplateSyntaxError, ValueError) as exc:
             out.problems.append(doc.problem(str(exc), "upstreams", name))
+
+    def _read_tenant(self, doc: Document, name: str, raw: Any, out: ToolSet) -> None:
+        if not re.fullmatch(TENANT_PATTERN, name):
+            out.problems.append(doc.problem(f"tenant name {name!r} must match {TENANT_PATTERN}", "tenants", name))
+            return
+        try:
+            model = TenantModel.model_validate(raw or {})
+        except ValidationError as exc:
+            out.problems.extend(doc.validation_problems(exc, "tenants", name))
+            return
+        rate = model.rate_limit
+        out.tenants[name] = Tenant(
+            name,
+            model.weight,
+            model.max_in_flight,
+            model.max_queued,
+            RateLimit(rate.per_second, rate.burst) if rate else None,
+            doc.source("tenants", name),
+        )
 
     def _read_tool(self, doc: Document, index: int, raw: Any, out: ToolSet) -> None:
         loc = ("tools", index)
