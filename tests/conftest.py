@@ -19,7 +19,7 @@ from worker.settings import get_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # The gateway tests' stack (tests/gateway_stack.py): its fixtures, for every module that asks for them.
-pytest_plugins = ["tests.gateway_stack"]
+pytest_plugins = ["tests.gateway_stack", "tests.support.sentinel"]
 SECRET_TOKEN = "s3cr3t-env-token-4242"
 
 

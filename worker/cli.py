@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.connections import RedisUnavailable, check_reachable
+from worker.connections import RedisUnavailable, check_reachable, sync_client
 from worker.constants import DEFAULT_QUEUE
 from worker.redaction import mask_url
 from worker.settings import Settings, get_settings
@@ -121,11 +121,10 @@ def _check_redis(settings: Settings) -> None:
 
 def _queue_gauges(settings: Settings, queues: str | None) -> list[Any]:
     """The queue depth and in-flight gauges of the queues this worker consumes."""
-    import redis
 
     from worker.queue.depth import QueueDepth
 
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
     return [QueueDepth(client, [q.strip() for q in (queues or DEFAULT_QUEUE).split(",") if q.strip()])]
 
 
@@ -324,7 +323,7 @@ def _publish(args: argparse.Namespace) -> int:
     paths = args.paths or [settings.definitions]
     _progress(f"checking {len(store.definition_files(paths))} definitions files")
     _check_redis(settings)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = sync_client(settings.redis_url)
     try:
         version, toolset = shared.publish(client, paths)
     except redis.ConnectionError as exc:  # Redis went away after the check

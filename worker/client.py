@@ -17,13 +17,12 @@ from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from worker import tracing
-from worker.connections import connect
+from worker.connections import async_client, connect, execute_replicated
 from worker.constants import (
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_QUEUE,
@@ -54,7 +53,7 @@ class AsyncToolClient:
         self._max_batch = max_batch
         self._redis = connect(url)
         # XREAD BLOCK holds its connection; the read loop retries by itself, so redis-py must not.
-        self._reader_redis = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+        self._reader_redis = async_client(url, retry=Retry(NoBackoff(), 0))
         self._closing = False
         self._queue = queue
         self.reply_stream = f"toolworker:replies:{uuid.uuid4().hex}"
@@ -137,7 +136,7 @@ class AsyncToolClient:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for queue, calls in by_queue.items():
                     pipe.lpush(queue, *task_messages(calls, queue, self._max_batch))
-                await pipe.execute()
+                await execute_replicated(pipe)  # with MIN_REPLICAS, raises NotReplicated on a shortfall
         except Exception as exc:  # every waiting submitter sees the failure
             sent.set_exception(exc)
         else:

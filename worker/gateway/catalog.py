@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 import redis.asyncio as aioredis
 import structlog
 
+from worker.connections import sync_client
 from worker.definitions import catalog, shared, store
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
@@ -148,7 +148,7 @@ class Catalog:
 
 
 def _current_payload(redis_url: str) -> bytes | None:
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
+    client = sync_client(redis_url, socket_connect_timeout=5)
     try:
         return shared.current_payload(client)
     finally:

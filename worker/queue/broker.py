@@ -19,7 +19,8 @@ kombu also builds a new redis-py client for every acknowledgement, unacked-index
 (``conn_or_acquire``); building one costs more than the command it sends. A channel here keeps one client
 per connection pool (redis-py clients are safe to share between threads).
 
-``register()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs. It is the one
+``register()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs, and its Sentinel
+variant (the same channel on kombu's ``SentinelChannel``) the one behind ``sentinel://``. It is the one
 extension not named by class path: a transport given as ``broker_transport`` (a class path) becomes the
 URL's scheme wherever kombu renders the connection (``Connection.as_uri``), so the worker's banner would
 show ``worker.queue.broker:BrokerTransport://...`` and Flower, which picks its broker page by that
@@ -42,7 +43,9 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
+from redis.sentinel import Sentinel
 
+from worker.connections import parse_sentinel_url, sync_client
 from worker.queue.leases import Leases, delivery_tag, inflight_key
 from worker.settings import get_settings
 
@@ -62,7 +65,7 @@ def process_leases(channel: kombu_redis.Channel) -> Leases:
     with _leases_lock:
         if _leases is None or _leases[0] != os.getpid():
             settings = get_settings()
-            client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
             leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key)
             leases.start()
             atexit.register(leases.release)
@@ -202,6 +205,32 @@ class BrokerTransport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The channel above on kombu's Sentinel channel: its pools ask the Sentinels for the primary. The
+    Sentinels' addresses are remembered at opening, like the connection parameters, for the same reason."""
+
+    master_name: str
+
+    def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
+        self._sentinel_urls = list(connection.client.alt)
+        super().__init__(connection, *args, **kwargs)
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        params = self._connparams(asynchronous)
+        params.pop("host", None)
+        params.pop("port", None)
+        nodes = parse_sentinel_url(";".join(self._sentinel_urls)).nodes
+        manager = Sentinel(list(nodes), sentinel_kwargs=getattr(self, "sentinel_kwargs", None), **params)
+        setattr(self, "_async_sentinel_manager" if asynchronous else "_sentinel_manager", manager)
+        credentials = {key: params[key] for key in ("username", "password") if key in params}
+        return manager.master_for(self.master_name, redis.Redis, **credentials).connection_pool
+
+
+class SentinelBrokerTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 def register() -> None:
     for scheme in ("redis", "rediss"):
         TRANSPORT_ALIASES[scheme] = f"{__name__}:BrokerTransport"
+    TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelBrokerTransport"

@@ -8,11 +8,23 @@
                its in-flight messages go back to their queues, marked redelivered (so the done-key
                check applies), in one transaction that a renewed lease aborts
 
+A failover is not a crash. Lease keys replicate with their expiry as a point in time, so after an outage
+longer than a lease the promoted replica holds no live worker's lease either, and whoever swept first
+would hand every call in flight out to run a second time. So leases are judged only on a primary that
+has been one for a while, by its own clock: each renewal reads the primary's replication ID (new at every
+promotion) and TIME, and the first holder to see a promoted one records when in
+toolworker:lease-primaries; no one sweeps until a grace (a lease plus two Redis timeouts) has
+passed since then. Every live holder renews within that time: it tries every lease_s / 5, each try
+bounded by the timeout, and finds the new primary through the Sentinels by itself. A worker started
+after the failover reads the same record, so it waits out the same grace. Besides, a holder whose own
+renewal failed sweeps for no one for a grace after that (its view of the others is stale, whatever the
+primary). A holder that stays away longer than the grace is taken for dead, as before.
+
 A holder is a worker process, not a broker channel: a channel that reconnects keeps its messages, and
 they are acknowledged on the new connection. A call that runs for an hour under a live holder is never
 handed out again; the visibility timeout stays only as a last resort, far above any call.
 
-This module owns its Redis keys (LEASE_PREFIX, INFLIGHT_PREFIX, HOLDERS_KEY).
+This module owns its Redis keys (LEASE_PREFIX, INFLIGHT_PREFIX, HOLDERS_KEY, PRIMARIES_KEY).
 """
 
 from __future__ import annotations
@@ -34,6 +46,9 @@ log = structlog.get_logger("toolworker.leases")
 LEASE_PREFIX = "toolworker:lease:"
 INFLIGHT_PREFIX = "toolworker:inflight:"
 HOLDERS_KEY = "toolworker:holders"
+# Replication ID of a primary -> the primary's own time (s) when a holder first renewed on it.
+PRIMARIES_KEY = "toolworker:lease-primaries"
+_PRIMARIES_TTL_S = 7 * 86_400
 _RENEWALS_PER_LEASE = 5
 _REDIS_TIMEOUT_S = 2.0
 
@@ -72,7 +87,10 @@ class Leases:
         self._unacked_keys = (unacked_key, unacked_index_key)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._quiet_until = 0.0  # after losing Redis, others get a lease's time to renew before a sweep
+        self.grace_s = lease_s + 2 * _REDIS_TIMEOUT_S
+        self._quiet_until = 0.0  # after losing Redis, others get the grace to renew before a sweep
+        self._primary: tuple[str, float] = ("", 0.0)  # replication ID of the primary, since when (its clock)
+        self._primary_age_s = 0.0
 
     def start(self) -> None:
         self.renew()
@@ -83,7 +101,36 @@ class Leases:
         with self.client.pipeline(transaction=False) as pipe:
             pipe.set(LEASE_PREFIX + self.holder, "1", px=int(self.lease_s * 1000))
             pipe.sadd(HOLDERS_KEY, self.holder)
-            pipe.execute()
+            pipe.info("replication")
+            pipe.time()
+            *_, info, (seconds, micros) = pipe.execute()
+        now_s = seconds + micros / 1e6
+        if int(info.get("second_repl_offset", -1)) < 0:  # never promoted: no failover to wait out
+            self._primary_age_s = float("inf")
+        else:
+            self._primary_age_s = now_s - self._primary_since(str(info.get("master_replid")), now_s)
+
+    def _primary_since(self, replid: str, now_s: float) -> float:
+        """Since when (by its clock) this primary has been one: recorded by the first holder to renew on it."""
+        if replid != self._primary[0]:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hsetnx(PRIMARIES_KEY, replid, repr(now_s))
+                pipe.hget(PRIMARIES_KEY, replid)
+                pipe.expire(PRIMARIES_KEY, _PRIMARIES_TTL_S)
+                _, since, _ = pipe.execute()
+            self._primary = (replid, float(since))
+            log.info("lease.primary_seen", replid=replid, age_s=round(now_s - float(since), 3))
+        return self._primary[1]
+
+    def may_sweep(self) -> bool:
+        """Only on a primary older than the grace, and not within the grace after losing Redis ourselves."""
+        return self._primary_age_s >= self.grace_s and time.monotonic() >= self._quiet_until
+
+    def tick(self) -> None:
+        """One renewal, and a sweep when the leases can be judged."""
+        self.renew()
+        if self.may_sweep():
+            self.sweep()
 
     def release(self) -> None:
         """Give the lease up and hand back at once whatever is still held (a process that exits, after
@@ -101,11 +148,9 @@ class Leases:
         interval_s = self.lease_s / _RENEWALS_PER_LEASE
         while not self._stop.wait(interval_s):
             try:
-                self.renew()
-                if time.monotonic() >= self._quiet_until:
-                    self.sweep()
+                self.tick()
             except redis.RedisError as exc:
-                self._quiet_until = time.monotonic() + self.lease_s
+                self._quiet_until = time.monotonic() + self.grace_s
                 log.warning("lease.renew_failed", error=str(exc))
 
     def sweep(self) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from worker.connections import execute_replicated
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
 from worker.protocol import envelope_from_meta, result_meta
@@ -89,7 +90,7 @@ class Publisher:
         async with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 pipe.evalsha(_PUBLISH_SHA, *call)
-            outcomes: list[Any] = await pipe.execute()
+            outcomes = await execute_replicated(pipe)  # with MIN_REPLICAS, on that many replicas
         return outcomes
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Reject
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 from celery.worker.request import Request
 
 from worker import metrics
+from worker.connections import NotReplicated
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.protocol import redacted_repr
 from worker.queue.app import app
@@ -42,18 +44,26 @@ class CallTask(Task):  # type: ignore[misc]
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE)
 def execute(self: CallTask, message: Any = None) -> dict[str, Any] | None:
-    summary: dict[str, Any] | None = run_task(TASK_EXECUTE, self.request.id, message, self.request.delivery_info)
+    summary: dict[str, Any] | None = _run(TASK_EXECUTE, self.request, message)
     _raise_if_failed(summary)
     return summary
 
 
 @app.task(base=CallTask, bind=True, name=TASK_EXECUTE_BATCH)
 def execute_batch(self: CallTask, messages: Any = None) -> list[dict[str, Any]]:
-    summaries: list[dict[str, Any]] = run_task(
-        TASK_EXECUTE_BATCH, self.request.id, messages, self.request.delivery_info
-    )
+    summaries: list[dict[str, Any]] = _run(TASK_EXECUTE_BATCH, self.request, messages)
     _raise_if_failed(summaries)
     return summaries
+
+
+def _run(task: str, request: Any, payload: Any) -> Any:
+    """The task's work; a result the replicas did not confirm (TOOLWORKER_REDIS_MIN_REPLICAS) puts the
+    message back: delivered again, it is skipped if its result survived, and run again if a failover
+    lost it."""
+    try:
+        return run_task(task, request.id, payload, request.delivery_info)
+    except NotReplicated as exc:
+        raise Reject(str(exc), requeue=True) from exc
 
 
 def _raise_if_failed(summaries: Any) -> None:
