@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import gateway, pipeline, tracing
+from benchmarks import gateway, pipeline, replicas, tracing
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -512,16 +512,20 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     results["load_average_before"] = os.getloadavg()[0]
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
-        if not (args.gateway_only or args.tracing_only):
+        if not (args.gateway_only or args.tracing_only or args.replicas_only):
             print("matrix", file=sys.stderr, flush=True)
             results["rows"], results["light_load"] = run_matrix(server, sizes, args)
             print("memory: calls in flight, big bodies", file=sys.stderr, flush=True)
             results["in_flight"] = run_in_flight(server.url, sizes)
             results["big_bodies"] = run_big_bodies(server.url, sizes)
-        if not args.tracing_only:
+        if not (args.tracing_only or args.replicas_only):
             print("gateway: MCP and REST against the direct client", file=sys.stderr, flush=True)
             results["gateway"] = gateway.run(server.url, sizes.calls, sizes.light_calls)
-        if not args.gateway_only:
+        if args.replicas_only or not (args.gateway_only or args.tracing_only):
+            print("replicas: MIN_REPLICAS 0 and 1", file=sys.stderr, flush=True)
+            rounds = 1 if args.quick else TRACING_ROUNDS
+            results["replicas"] = replicas.run(sizes.calls, sizes.light_calls, rounds)
+        if not (args.gateway_only or args.replicas_only):
             print("tracing: off, 10% and 100% sampled", file=sys.stderr, flush=True)
             rounds = 1 if args.quick else TRACING_ROUNDS
             results["tracing"] = tracing.run(server.url, sizes.calls, rounds, args.reference_tree)
@@ -541,6 +545,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--gateway-only", action="store_true", help="only the gateway's rows (about two minutes)")
     parser.add_argument("--tracing-only", action="store_true", help="only the tracing rows (about two minutes)")
+    parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     return parser.parse_args(argv)
 
@@ -567,6 +572,8 @@ def main(argv: list[str] | None = None) -> None:
         gateway.print_section(results["gateway"])
     if results.get("tracing"):
         tracing.print_section(results["tracing"])
+    if results.get("replicas"):
+        replicas.print_section(results["replicas"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:

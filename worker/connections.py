@@ -18,7 +18,9 @@ worker/queue/broker.py. `execute_replicated` is the one place writes wait for re
 
 from __future__ import annotations
 
+import contextlib
 import ssl
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -179,21 +181,40 @@ def celery_tls(url: str) -> dict[str, Any] | None:
 
 async def execute_replicated(pipe: Pipeline, min_replicas: int | None = None) -> list[Any]:
     """Run a pipeline; with TOOLWORKER_REDIS_MIN_REPLICAS, return only once that many replicas have its
-    writes, else raise NotReplicated. WAIT goes in the same pipeline: it counts the writes of the
-    connection it is sent on."""
+    writes, else raise NotReplicated.
+
+    WAIT goes in the same pipeline: it counts the writes of the connection it is sent on. It asks for every
+    replica the primary had at the last look (ROLE, in the same round trip), at least N: Sentinel may
+    promote any of them, not only the N fastest; a slow one costs the timeout, and N still suffice."""
     settings = get_settings()
     needed = settings.redis_min_replicas if min_replicas is None else min_replicas
     if needed <= 0:
         return list(await pipe.execute())
     timeout_s = settings.redis_min_replicas_timeout_seconds
-    pipe.wait(needed, int(timeout_s * 1000))
-    *replies, acked = await pipe.execute()
+    pool = pipe.connection_pool
+    pipe.wait(max(needed, _replicas_seen.get(pool, 0)), int(timeout_s * 1000))
+    pipe.execute_command("ROLE")
+    *replies, acked, role = await pipe.execute()
+    _replicas_seen[pool] = len(role[2]) if role and role[0] in (b"master", "master") else 0
     if acked < needed:
+        await _recheck_primary(pool)
         raise NotReplicated(
             f"the primary has the write but only {acked} of {needed} replicas confirmed it within {timeout_s:g} s"
             " (TOOLWORKER_REDIS_MIN_REPLICAS)"
         )
     return replies
+
+
+async def _recheck_primary(pool: Any) -> None:
+    """A primary that lost its replicas may have been deposed (Sentinel leaves it a primary for seconds
+    after the switch): ask the Sentinels again; their pool drops its idle connections if it moved."""
+    if isinstance(pool, aiosentinel.SentinelConnectionPool):
+        with contextlib.suppress(RedisError):  # none named now: the next command reconnects with its retries
+            await pool.get_master_address()  # type: ignore[no-untyped-call]
+
+
+# Connection pool -> how many replicas its primary had at the last enqueue (ROLE).
+_replicas_seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def check_reachable(url: str, timeout_s: float) -> None:

@@ -109,11 +109,13 @@ class SentinelCluster:
                 return int(address[1])
         raise RuntimeError("no Sentinel names a primary")
 
-    def crash(self, node: Node) -> None:
-        """kill -9."""
+    def crash(self, node: Node) -> float:
+        """kill -9; the monotonic time it was sent."""
         assert node.process is not None
         node.process.kill()
+        killed_at = time.monotonic()
         node.process.wait(10)
+        return killed_at
 
     def freeze(self, node: Node) -> None:
         """SIGSTOP: the server keeps its connections but answers nothing (a partition, not a crash)."""
@@ -149,23 +151,18 @@ class SentinelCluster:
         self._start_server(node, replica_of=self.primary_port(), register=False)
         self.wait_replica(node)
 
-    def failover_to(self, node: Node, timeout_s: float = 30.0) -> None:
-        """SENTINEL FAILOVER with every other replica held back, so that `node` becomes the primary."""
-        others = [n for n in self.servers if n is not node and n.port != self.primary_port()]
-        for other in others:
-            with other.client() as client:
-                client.config_set("replica-priority", 0)
+    def crash_over_to(self, node: Node, timeout_s: float = 30.0) -> float:
+        """kill -9 of the primary with every other replica held back, so that `node` is promoted; the
+        monotonic time of the kill."""
+        primary = self.server(self.primary_port())
+        for other in self.servers:
+            if other is not node and other is not primary:
+                with other.client() as client:
+                    client.config_set("replica-priority", 0)
         wait_until(lambda: self._known_healthy_replica(node.port), timeout_s, "the Sentinels seeing the replica")
-        old = self.primary_port()
-        wait_until(self._ask_failover, timeout_s, "a Sentinel accepting the failover")
-        self.wait_promotion(old, timeout_s)
-        for other in others:
-            with other.client() as client:
-                client.config_set("replica-priority", 100)
-
-    def _ask_failover(self) -> bool:
-        with self.sentinels[0].client() as client:
-            return bool(client.execute_command("SENTINEL", "FAILOVER", MASTER))
+        killed_at = self.crash(primary)
+        self.wait_promotion(primary.port, timeout_s)
+        return killed_at
 
     def _start_server(self, node: Node, replica_of: int | None = None, register: bool = True) -> Node:
         node.directory.mkdir(parents=True, exist_ok=True)

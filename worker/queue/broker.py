@@ -39,6 +39,7 @@ from queue import Empty
 from typing import Any
 
 import redis
+from celery.worker import state as worker_state
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
@@ -102,7 +103,15 @@ class QoS(kombu_redis.QoS):
         self.channel.taken.pop(delivery_tag, None)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
-        super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        """kombu's restore, or from the in-flight entry when kombu's record of the message is gone (a
+        failover can keep a take and lose the record written a round trip after it)."""
+        entry = self.channel.taken.get(bytes_to_str(tag))
+        with self.channel.conn_or_acquire(client) as conn:
+            if entry is None or conn.hexists(self.unacked_key, tag):
+                super().restore_by_tag(tag, client=conn, leftmost=leftmost)
+            else:
+                conn.zrem(self.unacked_index_key, tag)
+                process_leases(self.channel).put_back(entry[0], entry[1], leftmost)
         self.channel.taken.pop(bytes_to_str(tag), None)
 
 
@@ -119,9 +128,9 @@ class Channel(kombu_redis.Channel):
 
     @property
     def taken(self) -> dict[str, tuple[str, bytes]]:
-        """Delivery tag -> (in-flight list, the message as taken), for the messages not yet acknowledged."""
-        taken: dict[str, tuple[str, bytes]] = self.__dict__.setdefault("_taken", {})
-        return taken
+        """Delivery tag -> (in-flight list, the message as taken), for the messages not yet acknowledged
+        (the process's, kept by its lease: what its in-flight lists hold beyond these is an orphan)."""
+        return process_leases(self).taken
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -139,7 +148,17 @@ class Channel(kombu_redis.Channel):
                 self._brpop_read()
             except (Empty, *self.connection_errors):
                 pass  # the read always ends the poll; the connection is dropped on error
+        delivered = list(self.qos._delivered) if not self.closed else []
         super().close()
+        self._forget_unrestored(delivered)
+
+    def _forget_unrestored(self, delivered: list[str]) -> None:
+        """kombu restores what it delivered when the channel closes; when Redis is away that fails, and a
+        message that is not running is then nobody's: the lease's reconcile puts it back."""
+        running = {getattr(r.message, "delivery_tag", None) for r in list(worker_state.active_requests)}
+        for tag in delivered:
+            if tag not in running:
+                self.taken.pop(tag, None)
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         opened = self.__dict__.setdefault("_opened_with", {})

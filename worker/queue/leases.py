@@ -20,6 +20,11 @@ after the failover reads the same record, so it waits out the same grace. Beside
 renewal failed sweeps for no one for a grace after that (its view of the others is stale, whatever the
 primary). A holder that stays away longer than the grace is taken for dead, as before.
 
+A take whose reply is lost with the connection (the server applied it, then crashed; a failover kept it)
+leaves a message in a live holder's in-flight list that the holder never received. For a while after
+losing Redis, a holder looks at its own lists, and puts back what no delivery of the process knows,
+once it is seen unknown twice in a row (a take being delivered at that moment is known at the second look).
+
 A holder is a worker process, not a broker channel: a channel that reconnects keeps its messages, and
 they are acknowledged on the new connection. A call that runs for an hour under a live holder is never
 handed out again; the visibility timeout stays only as a last resort, far above any call.
@@ -49,6 +54,12 @@ HOLDERS_KEY = "toolworker:holders"
 # Replication ID of a primary -> the primary's own time (s) when a holder first renewed on it.
 PRIMARIES_KEY = "toolworker:lease-primaries"
 _PRIMARIES_TTL_S = 7 * 86_400
+# KEYS: an in-flight list, its queue. ARGV: the message as taken, as put back, 1 for the consumer's end.
+_PUT_BACK = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
+return 1
+"""
 _RENEWALS_PER_LEASE = 5
 _REDIS_TIMEOUT_S = 2.0
 
@@ -91,6 +102,10 @@ class Leases:
         self._quiet_until = 0.0  # after losing Redis, others get the grace to renew before a sweep
         self._primary: tuple[str, float] = ("", 0.0)  # replication ID of the primary, since when (its clock)
         self._primary_age_s = 0.0
+        # Delivery tag -> (in-flight list, message) of what this process was handed and has not finished.
+        self.taken: dict[str, tuple[str, bytes]] = {}
+        self._unknown: set[tuple[str, bytes]] = set()  # entries of our lists no delivery knew, at the last look
+        self._reconcile_until = 0.0
 
     def start(self) -> None:
         self.renew()
@@ -119,6 +134,7 @@ class Leases:
                 pipe.expire(PRIMARIES_KEY, _PRIMARIES_TTL_S)
                 _, since, _ = pipe.execute()
             self._primary = (replid, float(since))
+            self._reconcile_until = time.monotonic() + 2 * self.grace_s
             log.info("lease.primary_seen", replid=replid, age_s=round(now_s - float(since), 3))
         return self._primary[1]
 
@@ -127,10 +143,32 @@ class Leases:
         return self._primary_age_s >= self.grace_s and time.monotonic() >= self._quiet_until
 
     def tick(self) -> None:
-        """One renewal, and a sweep when the leases can be judged."""
+        """One renewal, a look at our own lists after losing Redis, and a sweep when leases can be judged."""
         self.renew()
+        if time.monotonic() < self._reconcile_until:
+            self.reconcile()
         if self.may_sweep():
             self.sweep()
+
+    def reconcile(self) -> int:
+        """Put back what our in-flight lists hold that this process was never handed (seen twice)."""
+        known = {raw for _, raw in list(self.taken.values())}
+        unknown = set()
+        for key in self.client.scan_iter(match=inflight_key(self.holder, "*"), count=100):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            entries: list[bytes] = self.client.lrange(name, 0, -1)  # type: ignore[assignment]
+            unknown |= {(name, raw) for raw in entries if raw not in known}
+        orphans, self._unknown = unknown & self._unknown, unknown
+        moved = sum(self.put_back(name, raw) for name, raw in orphans)
+        if moved:
+            log.warning("lease.orphans_put_back", holder=self.holder, messages=moved)
+        return moved
+
+    def put_back(self, inflight: str, raw: bytes, leftmost: bool = False) -> int:
+        """Move one message of our in-flight list `inflight` back to its queue, marked redelivered."""
+        queue_key = inflight[len(inflight_key(self.holder, "")) :]
+        moved: Any = self.client.eval(_PUT_BACK, 2, inflight, queue_key, raw, redelivered(raw), int(leftmost))
+        return int(moved)
 
     def release(self) -> None:
         """Give the lease up and hand back at once whatever is still held (a process that exits, after
@@ -151,6 +189,7 @@ class Leases:
                 self.tick()
             except redis.RedisError as exc:
                 self._quiet_until = time.monotonic() + self.grace_s
+                self._reconcile_until = time.monotonic() + 2 * self.grace_s
                 log.warning("lease.renew_failed", error=str(exc))
 
     def sweep(self) -> int:
