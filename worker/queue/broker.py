@@ -67,11 +67,17 @@ def process_leases(channel: kombu_redis.Channel) -> Leases:
         if _leases is None or _leases[0] != os.getpid():
             settings = get_settings()
             client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key)
+            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key, _in_use)
             leases.start()
             atexit.register(leases.release)
             _leases = (os.getpid(), leases)
         return _leases[1]
+
+
+def _in_use() -> set[str]:
+    """Delivery tags of the messages the worker has received and not finished (Celery's own records)."""
+    requests = [*worker_state.reserved_requests, *worker_state.active_requests]
+    return {str(r.message.delivery_tag) for r in requests if getattr(r, "message", None) is not None}
 
 
 # Moves the first message of the first non-empty queue key (in priority order) into the holder's in-flight
@@ -148,17 +154,12 @@ class Channel(kombu_redis.Channel):
                 self._brpop_read()
             except (Empty, *self.connection_errors):
                 pass  # the read always ends the poll; the connection is dropped on error
-        delivered = list(self.qos._delivered) if not self.closed else []
         super().close()
-        self._forget_unrestored(delivered)
 
-    def _forget_unrestored(self, delivered: list[str]) -> None:
-        """kombu restores what it delivered when the channel closes; when Redis is away that fails, and a
-        message that is not running is then nobody's: the lease's reconcile puts it back."""
-        running = {getattr(r.message, "delivery_tag", None) for r in list(worker_state.active_requests)}
-        for tag in delivered:
-            if tag not in running:
-                self.taken.pop(tag, None)
+    def _restore(self, message: Any, leftmost: bool = False) -> None:
+        """What kombu restores when a channel closes, out of the in-flight list too (kombu's own restore
+        leaves the entry there, and the message would be put back twice)."""
+        self.qos.restore_by_tag(message.delivery_tag, leftmost=leftmost)
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         opened = self.__dict__.setdefault("_opened_with", {})

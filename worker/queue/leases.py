@@ -21,9 +21,11 @@ renewal failed sweeps for no one for a grace after that (its view of the others 
 primary). A holder that stays away longer than the grace is taken for dead, as before.
 
 A take whose reply is lost with the connection (the server applied it, then crashed; a failover kept it)
-leaves a message in a live holder's in-flight list that the holder never received. For a while after
-losing Redis, a holder looks at its own lists, and puts back what no delivery of the process knows,
-once it is seen unknown twice in a row (a take being delivered at that moment is known at the second look).
+leaves a message in a live holder's in-flight list that the holder never received, and a consumer that
+restarts on a lost connection drops what it had received but not started without being able to put it
+back. For a while after losing Redis, a holder looks at its own lists and puts back what the process is
+not working on (`in_use`: Celery's received and running requests), once it is seen so twice in a row
+(a take being handed over at that moment is in use at the second look).
 
 A holder is a worker process, not a broker channel: a channel that reconnects keeps its messages, and
 they are acknowledged on the new connection. A call that runs for an hour under a live holder is never
@@ -91,7 +93,14 @@ def delivery_tag(raw: bytes) -> str | None:
 class Leases:
     """This process's lease (one holder per process), and the sweep for the holders that died."""
 
-    def __init__(self, client: redis.Redis, lease_s: float, unacked_key: str, unacked_index_key: str) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        lease_s: float,
+        unacked_key: str,
+        unacked_index_key: str,
+        in_use: Callable[[], set[str]] = set,
+    ) -> None:
         self.client = client
         self.lease_s = lease_s
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -102,8 +111,9 @@ class Leases:
         self._quiet_until = 0.0  # after losing Redis, others get the grace to renew before a sweep
         self._primary: tuple[str, float] = ("", 0.0)  # replication ID of the primary, since when (its clock)
         self._primary_age_s = 0.0
-        # Delivery tag -> (in-flight list, message) of what this process was handed and has not finished.
+        # Delivery tag -> (in-flight list, message) of what this process took and has not acknowledged.
         self.taken: dict[str, tuple[str, bytes]] = {}
+        self._in_use = in_use  # the delivery tags the process is working on (received, not finished)
         self._unknown: set[tuple[str, bytes]] = set()  # entries of our lists no delivery knew, at the last look
         self._reconcile_until = 0.0
 
@@ -151,13 +161,13 @@ class Leases:
             self.sweep()
 
     def reconcile(self) -> int:
-        """Put back what our in-flight lists hold that this process was never handed (seen twice)."""
-        known = {raw for _, raw in list(self.taken.values())}
+        """Put back what our in-flight lists hold and the process is not working on (seen twice)."""
         unknown = set()
         for key in self.client.scan_iter(match=inflight_key(self.holder, "*"), count=100):
             name = key.decode() if isinstance(key, bytes) else str(key)
             entries: list[bytes] = self.client.lrange(name, 0, -1)  # type: ignore[assignment]
-            unknown |= {(name, raw) for raw in entries if raw not in known}
+            in_use = self._in_use()
+            unknown |= {(name, raw) for raw in entries if delivery_tag(raw) not in in_use}
         orphans, self._unknown = unknown & self._unknown, unknown
         moved = sum(self.put_back(name, raw) for name, raw in orphans)
         if moved:
