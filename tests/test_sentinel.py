@@ -27,7 +27,7 @@ from tests.gateway_stack import Gateway, gateway_env, start_gateway, wait_listen
 from tests.servers import DnsServer
 from tests.support.sentinel import SentinelCluster, redis_server_binary, wait_until
 from worker.client import AsyncToolClient
-from worker.connections import sync_client
+from worker.connections import parse_sentinel_url, sync_client
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.queue.leases import LEASE_PREFIX, Leases, inflight_key
 from worker.settings import get_settings
@@ -216,3 +216,18 @@ def test_an_enqueue_no_replica_confirms_raises(redis_server: EmbeddedRedis, monk
 
     with pytest.raises(RedisError, match=r"only 0 of 1 replicas confirmed it within 0\.2 s"):
         asyncio.run(submit())
+
+
+def test_a_sentinel_url_is_read_as_kombu_reads_it() -> None:
+    """Every `;`-separated Sentinel, default port 26379; the primary's password and db from the URL."""
+    parsed = parse_sentinel_url("sentinel://:pri%2Fpw@10.0.0.1:26380;sentinel://10.0.0.2/3")
+    assert parsed.nodes == (("10.0.0.1", 26380), ("10.0.0.2", 26379))
+    assert (parsed.db, parsed.password, parsed.username) == (3, "pri/pw", None)
+
+
+@pytest.mark.parametrize("url", ["sentinel://h:1;redis://:pw-0417@h:2/0", "sentinel://:pw-0417@h:1/zero"])
+def test_a_malformed_sentinel_url_is_refused_with_the_password_masked(url: str) -> None:
+    """A part that is not a Sentinel address, or a db that is not a number, is a ValueError, password masked."""
+    with pytest.raises(ValueError) as raised:
+        parse_sentinel_url(url)
+    assert "pw-0417" not in str(raised.value) and "***" in str(raised.value)
