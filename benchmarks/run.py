@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import gateway, identity, pipeline, tenants, tracing
+from benchmarks import gateway, identity, pipeline, replicas, tenants, tracing
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -515,7 +515,7 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
-    only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only
+    only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only or args.replicas_only
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
         if not only:
@@ -527,6 +527,10 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
         if not only or args.gateway_only:
             print("gateway: MCP and REST against the direct client", file=sys.stderr, flush=True)
             results["gateway"] = gateway.run(server.url, sizes.calls, sizes.light_calls)
+        if not only or args.replicas_only:
+            print("replicas: MIN_REPLICAS 0 and 1", file=sys.stderr, flush=True)
+            rounds = 1 if args.quick else TRACING_ROUNDS
+            results["replicas"] = replicas.run(sizes.calls, sizes.light_calls, rounds)
         if not only or args.tracing_only:
             print("tracing: off, 10% and 100% sampled", file=sys.stderr, flush=True)
             rounds = 1 if args.quick else TRACING_ROUNDS
@@ -556,6 +560,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gateway-only", action="store_true", help="only the gateway's rows (about two minutes)")
     parser.add_argument("--tracing-only", action="store_true", help="only the tracing rows (about two minutes)")
     parser.add_argument("--identity-only", action="store_true", help="only the gateway's JWT-against-static rows")
+    parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
     parser.add_argument(
@@ -592,6 +597,8 @@ def main(argv: list[str] | None = None) -> None:
         identity.print_section(results["identity"])
     if results.get("tenants"):
         tenants.print_section(results["tenants"])
+    if results.get("replicas"):
+        replicas.print_section(results["replicas"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:

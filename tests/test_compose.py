@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from worker.cli import _parser
+from worker.connections import parse_sentinel_url
 from worker.queue.app import app
 from worker.settings import Settings
 
@@ -229,7 +230,7 @@ def test_worker_scales_and_stops_cleanly() -> None:
     check = healthcheck("worker")
     assert seconds(worker["healthcheck"]["timeout"]) > float(check[check.index("--timeout") + 1])
     environment = worker["environment"]
-    assert environment["TOOLWORKER_REDIS_URL"] == "redis://redis:6379/0"
+    assert interpolate(environment["TOOLWORKER_REDIS_URL"], {}) == "redis://redis:6379/0"
     assert f"./definitions:{environment['TOOLWORKER_DEFINITIONS']}:ro" in worker["volumes"]
     if "metrics_port" in Settings.model_fields:
         assert str(Settings.model_fields["metrics_port"].default) in worker["expose"]
@@ -244,7 +245,7 @@ def test_redis_is_durable_and_checked() -> None:
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     for name in ("worker", "flower"):
         assert SERVICES[name]["depends_on"]["redis"]["condition"] == "service_healthy"
-        assert SERVICES[name]["environment"]["TOOLWORKER_REDIS_URL"].startswith("redis://redis:6379/")
+        assert interpolate(SERVICES[name]["environment"]["TOOLWORKER_REDIS_URL"], {}).startswith("redis://redis:6379/")
 
 
 def test_gateway_scales_needs_tokens_and_checks_its_health() -> None:
@@ -264,3 +265,18 @@ def test_gateway_scales_needs_tokens_and_checks_its_health() -> None:
     compile(check[2], "<healthcheck>", "exec")
     assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "container_name" not in gateway
+
+
+def test_the_ha_profile_has_a_replica_and_three_sentinels_the_services_can_use() -> None:
+    """`--profile ha`: a replica of `redis`, three Sentinels watching it (quorum 2), and a Sentinel URL that
+    every service takes from TOOLWORKER_REDIS_URL and that names those three."""
+    replica, sentinels = SERVICES["redis-replica"], [SERVICES[f"sentinel-{i}"] for i in (1, 2, 3)]
+    assert replica["profiles"] == ["ha"] and all(s["profiles"] == ["ha"] for s in sentinels)
+    assert replica["command"][:4] == ["redis-server", "--replicaof", "redis", "6379"]
+    assert all("sentinel monitor mymaster redis 6379 2" in s["command"][0] for s in sentinels)
+    url = "sentinel://sentinel-1:26379;sentinel://sentinel-2:26379;sentinel://sentinel-3:26379/0"
+    assert parse_sentinel_url(url).nodes == tuple((f"sentinel-{i}", 26379) for i in (1, 2, 3))
+    assert url in (ROOT / "docker-compose.yml").read_text()
+    for name in ("worker", "flower", "gateway"):
+        environment = SERVICES[name]["environment"]
+        assert interpolate(environment["TOOLWORKER_REDIS_URL"], {"TOOLWORKER_REDIS_URL": url}) == url

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.connections import RedisUnavailable, check_reachable
+from worker.connections import RedisUnavailable, check_reachable, sync_client
 from worker.constants import DEFAULT_QUEUE
 from worker.errors import RedisLost
 from worker.redaction import mask_url
@@ -132,11 +132,10 @@ def _check_redis(settings: Settings) -> None:
 
 def _queue_gauges(settings: Settings, queues: str | None) -> list[Any]:
     """The queue depth and in-flight gauges of the queues this worker consumes."""
-    import redis
 
     from worker.queue.depth import QueueDepth
 
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
     return [QueueDepth(client, [q.strip() for q in (queues or DEFAULT_QUEUE).split(",") if q.strip()])]
 
 
@@ -336,7 +335,7 @@ def _publish(args: argparse.Namespace) -> int:
     paths = args.paths or [settings.definitions]
     _progress(f"checking {len(store.definition_files(paths))} definitions files")
     _check_redis(settings)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = sync_client(settings.redis_url)
     try:
         version, toolset = shared.publish(client, paths)
     except redis.ConnectionError as exc:  # Redis went away after the check
@@ -380,14 +379,12 @@ def _queue(args: argparse.Namespace) -> int:
     """`toolworker queue`: what waits and what runs, per queue and tenant, read from Redis."""
     import dataclasses
 
-    import redis
-
     from worker.constants import ROUTES_KEY
     from worker.queue.scheduler import PRIORITY_SUFFIXES, snapshot
 
     settings = get_settings()
     _check_redis(settings)
-    with redis.Redis.from_url(settings.redis_url) as client:
+    with sync_client(settings.redis_url) as client:
         routed: Any = client.hvals(ROUTES_KEY)
         named = [q.strip() for q in (args.queues or "").split(",") if q.strip()]
         queues = named or sorted({DEFAULT_QUEUE, *(q.decode() for q in routed)})
@@ -428,7 +425,6 @@ def _access_problems() -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    import redis
 
     from worker.gateway import audit
 
@@ -439,7 +435,7 @@ def _audit(args: argparse.Namespace) -> int:
         print(f"toolworker audit: {exc}", file=sys.stderr)
         return 64
     _check_redis(settings)
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    client = sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     try:
         for record in audit.read(client, args.principal, start_ms):
             print(json.dumps(record, ensure_ascii=False))

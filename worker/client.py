@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import tracing
-from worker.connections import connect
+from worker.connections import async_client, connect, execute_replicated
 from worker.constants import (
     CLIENT_SLACK_S,
     DEFAULT_CALL_TIMEOUT_S,
@@ -80,7 +80,7 @@ class AsyncToolClient:
         self.tenant = checked_tenant(tenant)
         self._redis = connect(url)
         # XREAD BLOCK holds its connection; the read loop retries by itself, so redis-py must not.
-        self._reader_redis = aioredis.Redis.from_url(
+        self._reader_redis = async_client(
             url, retry=Retry(NoBackoff(), 0), socket_timeout=_READ_SOCKET_TIMEOUT_S, socket_connect_timeout=5
         )
         self._where = mask_url(url)
@@ -187,7 +187,7 @@ class AsyncToolClient:
                 for (queue, tenant), calls in groups.items():
                     bodies = task_messages(calls, queue, self._batch_size(tenant))
                     scheduler.enqueue(pipe, queue, tenant, bodies, len(calls))
-                replies = await pipe.execute()
+                replies = await execute_replicated(pipe)  # with MIN_REPLICAS, raises NotReplicated on a shortfall
         except Exception as exc:  # every waiting submitter sees the failure
             sent.set_exception(exc)
         else:

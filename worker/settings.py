@@ -16,6 +16,15 @@ class Settings(BaseSettings):
     redis_url: str = "redis://localhost:6379/0"
     # How long a command that starts (worker, call, publish) waits for Redis before it says why it cannot.
     redis_connect_timeout_seconds: float = Field(5.0, gt=0)
+    # With a `sentinel://host:port[;sentinel://host:port...]/db` URL: the master the Sentinels watch, the
+    # Sentinels' own password (the URL's password is the primary's), TLS to both (worker/connections.py).
+    redis_sentinel_master: str = "mymaster"
+    redis_sentinel_password: SecretStr = SecretStr("")
+    redis_sentinel_tls: bool = False
+    # An enqueue (and a published result) is acknowledged only once this many replicas have it (WAIT), so
+    # that a failover loses none; 0 = as soon as the primary has it.
+    redis_min_replicas: int = Field(0, ge=0)
+    redis_min_replicas_timeout_seconds: float = Field(2.0, gt=0)
     definitions: Path = Path("definitions")
     # "file": read `definitions` at start; "redis": serve what `toolworker publish` put in Redis, live.
     store: Literal["file", "redis"] = "file"

@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 
 from worker import tracing
 from worker.client import AsyncToolClient
+from worker.connections import async_client
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.errors import UnknownTool
@@ -195,7 +196,7 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
     """The gateway's calls on `settings.redis_url`, with its catalog loaded (and followed)."""
     tracing.configure("toolworker-gateway")
     client = AsyncToolClient(settings.redis_url)
-    redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     catalog = Catalog(settings, tags)
     audit = AuditTrail(redis, settings.audit_stream_maxlen)
     try:

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from worker.connections import sync_client
 from worker.definitions import builtin, catalog
 from worker.definitions import file_store as store
 from worker.definitions import redis_store as shared
@@ -195,7 +195,7 @@ class Catalog:
 
 
 def _current_payload(redis_url: str) -> bytes | None:
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
+    client = sync_client(redis_url, socket_connect_timeout=5)
     try:
         return shared.current_payload(client)
     finally:

@@ -19,7 +19,8 @@ kombu also builds a new redis-py client for every acknowledgement, unacked-index
 (``conn_or_acquire``); building one costs more than the command it sends. A channel here keeps one client
 per connection pool (redis-py clients are safe to share between threads).
 
-``register()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs. It is the one
+``register()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs, and its Sentinel
+variant (the same channel on kombu's ``SentinelChannel``) the one behind ``sentinel://``. It is the one
 extension not named by class path: a transport given as ``broker_transport`` (a class path) becomes the
 URL's scheme wherever kombu renders the connection (``Connection.as_uri``), so the worker's banner would
 show ``worker.queue.broker:BrokerTransport://...`` and Flower, which picks its broker page by that
@@ -38,11 +39,14 @@ from queue import Empty
 from typing import Any
 
 import redis
+from celery.worker import state as worker_state
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from redis.sentinel import Sentinel
 
+from worker.connections import parse_sentinel_url, sync_client
 from worker.constants import DEFAULT_TENANT
 from worker.queue import scheduler
 from worker.queue.leases import Leases, delivery_tag, inflight_key
@@ -64,12 +68,18 @@ def process_leases(channel: kombu_redis.Channel) -> Leases:
     with _leases_lock:
         if _leases is None or _leases[0] != os.getpid():
             settings = get_settings()
-            client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key)
+            client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key, _in_use)
             leases.start()
             atexit.register(leases.release)
             _leases = (os.getpid(), leases)
         return _leases[1]
+
+
+def _in_use() -> set[str]:
+    """Delivery tags of the messages the worker has received and not finished (Celery's own records)."""
+    requests = [*worker_state.reserved_requests, *worker_state.active_requests]
+    return {str(r.message.delivery_tag) for r in requests if getattr(r, "message", None) is not None}
 
 
 # How long a worker that was woken for nothing (every tenant with work at its max_in_flight) waits before
@@ -97,7 +107,15 @@ class QoS(kombu_redis.QoS):
         self.channel.taken.pop(delivery_tag, None)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
-        super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        """kombu's restore, or from the in-flight entry when kombu's record of the message is gone (a
+        failover can keep a take and lose the record written a round trip after it)."""
+        entry = self.channel.taken.get(bytes_to_str(tag))
+        with self.channel.conn_or_acquire(client) as conn:
+            if entry is None or conn.hexists(self.unacked_key, tag):
+                super().restore_by_tag(tag, client=conn, leftmost=leftmost)
+            else:
+                conn.zrem(self.unacked_index_key, tag)
+                process_leases(self.channel).put_back(entry[0], entry[1], leftmost)
         self.channel.taken.pop(bytes_to_str(tag), None)
 
 
@@ -116,9 +134,9 @@ class Channel(kombu_redis.Channel):
 
     @property
     def taken(self) -> dict[str, tuple[str, bytes]]:
-        """Delivery tag -> (in-flight list, the message as taken), for the messages not yet acknowledged."""
-        taken: dict[str, tuple[str, bytes]] = self.__dict__.setdefault("_taken", {})
-        return taken
+        """Delivery tag -> (in-flight list, the message as taken), for the messages not yet acknowledged
+        (the process's, kept by its lease: what its in-flight lists hold beyond these is an orphan)."""
+        return process_leases(self).taken
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -137,6 +155,11 @@ class Channel(kombu_redis.Channel):
             except (Empty, *self.connection_errors):
                 pass  # the read always ends the poll; the connection is dropped on error
         super().close()
+
+    def _restore(self, message: Any, leftmost: bool = False) -> None:
+        """What kombu restores when a channel closes, out of the in-flight list too (kombu's own restore
+        leaves the entry there, and the message would be put back twice)."""
+        self.qos.restore_by_tag(message.delivery_tag, leftmost=leftmost)
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         opened = self.__dict__.setdefault("_opened_with", {})
@@ -222,6 +245,32 @@ class BrokerTransport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The channel above on kombu's Sentinel channel: its pools ask the Sentinels for the primary. The
+    Sentinels' addresses are remembered at opening, like the connection parameters, for the same reason."""
+
+    master_name: str
+
+    def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
+        self._sentinel_urls = list(connection.client.alt)
+        super().__init__(connection, *args, **kwargs)
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        params = self._connparams(asynchronous)
+        params.pop("host", None)
+        params.pop("port", None)
+        nodes = parse_sentinel_url(";".join(self._sentinel_urls)).nodes
+        manager = Sentinel(list(nodes), sentinel_kwargs=getattr(self, "sentinel_kwargs", None), **params)
+        setattr(self, "_async_sentinel_manager" if asynchronous else "_sentinel_manager", manager)
+        credentials = {key: params[key] for key in ("username", "password") if key in params}
+        return manager.master_for(self.master_name, redis.Redis, **credentials).connection_pool
+
+
+class SentinelBrokerTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 def register() -> None:
     for scheme in ("redis", "rediss"):
         TRANSPORT_ALIASES[scheme] = f"{__name__}:BrokerTransport"
+    TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelBrokerTransport"

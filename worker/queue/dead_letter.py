@@ -13,6 +13,7 @@ from typing import Any
 import redis
 import structlog
 
+from worker.connections import sync_client
 from worker.constants import DEAD_LETTER_KEY, DEAD_LETTER_MAX
 from worker.envelope import ToolResult
 from worker.errors import InvalidArguments
@@ -38,7 +39,7 @@ def _redis() -> redis.Redis:
     with _client_lock:
         if _client is None or _client[0] != os.getpid():
             url = get_settings().redis_url
-            client = redis.Redis.from_url(url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S)
+            client = sync_client(url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S)
             _client = (os.getpid(), client)
         return _client[1]
 

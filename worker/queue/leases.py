@@ -8,11 +8,30 @@
                its in-flight messages go back to their queues, marked redelivered (so the done-key
                check applies), in one transaction that a renewed lease aborts
 
+A failover is not a crash. Lease keys replicate with their expiry as a point in time, so after an outage
+longer than a lease the promoted replica holds no live worker's lease either, and whoever swept first
+would hand every call in flight out to run a second time. So leases are judged only on a primary that
+has been one for a while, by its own clock: each renewal reads the primary's replication ID (new at every
+promotion) and TIME, and the first holder to see a promoted one records when in
+toolworker:lease-primaries; no one sweeps until a grace (a lease plus two Redis timeouts) has
+passed since then. Every live holder renews within that time: it tries every lease_s / 5, each try
+bounded by the timeout, and finds the new primary through the Sentinels by itself. A worker started
+after the failover reads the same record, so it waits out the same grace. Besides, a holder whose own
+renewal failed sweeps for no one for a grace after that (its view of the others is stale, whatever the
+primary). A holder that stays away longer than the grace is taken for dead, as before.
+
+A take whose reply is lost with the connection (the server applied it, then crashed; a failover kept it)
+leaves a message in a live holder's in-flight list that the holder never received, and a consumer that
+restarts on a lost connection drops what it had received but not started without being able to put it
+back. For a while after losing Redis, a holder looks at its own lists and puts back what the process is
+not working on (`in_use`: Celery's received and running requests), once it is seen so twice in a row
+(a take being handed over at that moment is in use at the second look).
+
 A holder is a worker process, not a broker channel: a channel that reconnects keeps its messages, and
 they are acknowledged on the new connection. A call that runs for an hour under a live holder is never
 handed out again; the visibility timeout stays only as a last resort, far above any call.
 
-This module owns its Redis keys (LEASE_PREFIX, INFLIGHT_PREFIX, HOLDERS_KEY).
+This module owns its Redis keys (LEASE_PREFIX, INFLIGHT_PREFIX, HOLDERS_KEY, PRIMARIES_KEY).
 """
 
 from __future__ import annotations
@@ -36,6 +55,15 @@ log = structlog.get_logger("toolworker.leases")
 LEASE_PREFIX = "toolworker:lease:"
 INFLIGHT_PREFIX = "toolworker:inflight:"
 HOLDERS_KEY = "toolworker:holders"
+# Replication ID of a primary -> the primary's own time (s) when a holder first renewed on it.
+PRIMARIES_KEY = "toolworker:lease-primaries"
+_PRIMARIES_TTL_S = 7 * 86_400
+# KEYS: an in-flight list, its queue. ARGV: the message as taken, as put back, 1 for the consumer's end.
+_PUT_BACK = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
+return 1
+"""
 _RENEWALS_PER_LEASE = 5
 _REDIS_TIMEOUT_S = 2.0
 
@@ -67,14 +95,29 @@ def delivery_tag(raw: bytes) -> str | None:
 class Leases:
     """This process's lease (one holder per process), and the sweep for the holders that died."""
 
-    def __init__(self, client: redis.Redis, lease_s: float, unacked_key: str, unacked_index_key: str) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        lease_s: float,
+        unacked_key: str,
+        unacked_index_key: str,
+        in_use: Callable[[], set[str]] = set,
+    ) -> None:
         self.client = client
         self.lease_s = lease_s
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._unacked_keys = (unacked_key, unacked_index_key)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._quiet_until = 0.0  # after losing Redis, others get a lease's time to renew before a sweep
+        self.grace_s = lease_s + 2 * _REDIS_TIMEOUT_S
+        self._quiet_until = 0.0  # after losing Redis, others get the grace to renew before a sweep
+        self._primary: tuple[str, float] = ("", 0.0)  # replication ID of the primary, since when (its clock)
+        self._primary_age_s = 0.0
+        # Delivery tag -> (in-flight list, message) of what this process took and has not acknowledged.
+        self.taken: dict[str, tuple[str, bytes]] = {}
+        self._in_use = in_use  # the delivery tags the process is working on (received, not finished)
+        self._unknown: set[tuple[str, bytes]] = set()  # entries of our lists no delivery knew, at the last look
+        self._reconcile_until = 0.0
 
     def start(self) -> None:
         self.renew()
@@ -85,7 +128,63 @@ class Leases:
         with self.client.pipeline(transaction=False) as pipe:
             pipe.set(LEASE_PREFIX + self.holder, "1", px=int(self.lease_s * 1000))
             pipe.sadd(HOLDERS_KEY, self.holder)
-            pipe.execute()
+            pipe.info("replication")
+            pipe.time()
+            *_, info, (seconds, micros) = pipe.execute()
+        now_s = seconds + micros / 1e6
+        if int(info.get("second_repl_offset", -1)) < 0:  # never promoted: no failover to wait out
+            self._primary_age_s = float("inf")
+        else:
+            self._primary_age_s = now_s - self._primary_since(str(info.get("master_replid")), now_s)
+
+    def _primary_since(self, replid: str, now_s: float) -> float:
+        """Since when (by its clock) this primary has been one: recorded by the first holder to renew on it."""
+        if replid != self._primary[0]:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hsetnx(PRIMARIES_KEY, replid, repr(now_s))
+                pipe.hget(PRIMARIES_KEY, replid)
+                pipe.expire(PRIMARIES_KEY, _PRIMARIES_TTL_S)
+                _, since, _ = pipe.execute()
+            self._primary = (replid, float(since))
+            self._reconcile_until = time.monotonic() + 2 * self.grace_s
+            log.info("lease.primary_seen", replid=replid, age_s=round(now_s - float(since), 3))
+        return self._primary[1]
+
+    def may_sweep(self) -> bool:
+        """Only on a primary older than the grace, and not within the grace after losing Redis ourselves."""
+        return self._primary_age_s >= self.grace_s and time.monotonic() >= self._quiet_until
+
+    def tick(self) -> None:
+        """One renewal, a look at our own lists after losing Redis, and a sweep when leases can be judged."""
+        self.renew()
+        if time.monotonic() < self._reconcile_until:
+            self.reconcile()
+        if self.may_sweep():
+            self.sweep()
+
+    def reconcile(self) -> int:
+        """Put back what our in-flight lists hold and the process is not working on (seen twice)."""
+        unknown = set()
+        for key in self.client.scan_iter(match=inflight_key(self.holder, "*"), count=100):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            entries: list[bytes] = self.client.lrange(name, 0, -1)  # type: ignore[assignment]
+            in_use = self._in_use()
+            unknown |= {(name, raw) for raw in entries if delivery_tag(raw) not in in_use}
+        orphans, self._unknown = unknown & self._unknown, unknown
+        moved = sum(self.put_back(name, raw) for name, raw in orphans)
+        if moved:
+            log.warning("lease.orphans_put_back", holder=self.holder, messages=moved)
+        return moved
+
+    def put_back(self, inflight: str, raw: bytes, leftmost: bool = False) -> int:
+        """Move one message of our in-flight list `inflight` back to its queue, marked redelivered."""
+        queue_key = inflight[len(inflight_key(self.holder, "")) :]
+        moved: Any = self.client.eval(_PUT_BACK, 2, inflight, queue_key, raw, redelivered(raw), int(leftmost))
+        if moved:  # its tenant has work again, and the calls wait instead of running
+            with self.client.pipeline(transaction=True) as pipe:
+                scheduler.requeued(pipe, queue_key, raw)
+                pipe.execute()
+        return int(moved)
 
     def release(self) -> None:
         """Give the lease up and hand back at once whatever is still held (a process that exits, after
@@ -103,11 +202,10 @@ class Leases:
         interval_s = self.lease_s / _RENEWALS_PER_LEASE
         while not self._stop.wait(interval_s):
             try:
-                self.renew()
-                if time.monotonic() >= self._quiet_until:
-                    self.sweep()
+                self.tick()
             except redis.RedisError as exc:
-                self._quiet_until = time.monotonic() + self.lease_s
+                self._quiet_until = time.monotonic() + self.grace_s
+                self._reconcile_until = time.monotonic() + 2 * self.grace_s
                 log.warning("lease.renew_failed", error=str(exc))
 
     def sweep(self) -> int:

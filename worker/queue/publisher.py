@@ -11,6 +11,7 @@ import structlog
 from redis.exceptions import NoScriptError
 
 from worker import errors
+from worker.connections import execute_replicated
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult, valid_text
 from worker.protocol import result_meta
@@ -105,7 +106,8 @@ class Publisher:
         async with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 pipe.evalsha(_PUBLISH_SHA, *call)
-            outcomes: list[Any] = await pipe.execute(raise_on_error=False)
+            # With MIN_REPLICAS, on that many replicas; each call's own outcome, an error included.
+            outcomes = await execute_replicated(pipe, raise_on_error=False)
         return outcomes
 
 

@@ -11,13 +11,12 @@ import os
 import time
 from typing import Any
 
-import redis
 import structlog
 
 from worker import errors, metrics, tracing
 from worker.call.run import run_call
 from worker.call.runtime import Runtime
-from worker.connections import connect
+from worker.connections import connect, sync_client
 from worker.definitions import file_store as store
 from worker.definitions import redis_store as shared
 from worker.definitions.builtin import served_toolset
@@ -161,7 +160,7 @@ def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> 
 
 
 def _initial_definitions(settings: Settings, bundles: shared.Bundles | None) -> tuple[int, ToolSet]:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = sync_client(settings.redis_url)
     try:
         if settings.store == "file":
             toolset = _loaded(store.load([settings.definitions]), "file")

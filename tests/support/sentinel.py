@@ -1,0 +1,234 @@
+"""A replicated Redis on loopback for the high-availability tests: a primary, two replicas and three
+Sentinels, each a real `redis-server` process, that a test can crash, freeze and fail over."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from worker.dev.embedded import free_port
+
+MASTER = "mymaster"
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 3000
+START_TIMEOUT_S = 15.0
+
+
+def redis_server_binary() -> str:
+    """`redis-server` from PATH (Sentinel mode included); the tests that need it skip without it."""
+    found = shutil.which("redis-server")
+    if found is None:
+        pytest.skip("redis-server is not on PATH")
+    return found
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `check` until it holds (the servers offer no event to await for role changes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():
+                return
+        except (redis.RedisError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+@dataclass
+class Node:
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+    password: str | None = None
+
+    def client(self, timeout_s: float = 1.0) -> redis.Redis:
+        return redis.Redis(
+            port=self.port, password=self.password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+
+    def pings(self) -> bool:
+        with self.client() as client:
+            return bool(client.ping())
+
+    def role(self) -> str:
+        with self.client() as client:
+            info = client.info("replication")
+        return str(info["role"])
+
+
+@dataclass
+class SentinelCluster:
+    """Servers (index 0 starts as the primary) and Sentinels; `url` is kombu's Sentinel URL for them."""
+
+    binary: str
+    root: Path
+    servers: list[Node] = field(default_factory=list)
+    sentinels: list[Node] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return ";".join(f"sentinel://127.0.0.1:{node.port}" for node in self.sentinels) + "/0"
+
+    def start(self, replicas: int = 2, sentinels: int = 3, sentinel_password: str | None = None) -> SentinelCluster:
+        """With `sentinel_password`, the Sentinels want it (and give it to each other)."""
+        primary = self._start_server(Node(free_port(), self.root / "server-0"))
+        for index in range(1, replicas + 1):
+            self._start_server(Node(free_port(), self.root / f"server-{index}"), replica_of=primary.port)
+        for index in range(sentinels):
+            node = Node(free_port(), self.root / f"sentinel-{index}", password=sentinel_password)
+            self._start_sentinel(node, primary.port)
+        wait_until(lambda: self._sentinels_see_replicas(replicas), START_TIMEOUT_S, "Sentinels finding the replicas")
+        return self
+
+    def stop(self) -> None:
+        for node in [*self.sentinels, *self.servers]:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGCONT)  # a frozen server cannot act on SIGKILL later
+                node.process.kill()
+                node.process.wait(10)
+
+    def primary_port(self) -> int:
+        """The primary's port as the Sentinels name it now (the first that answers)."""
+        for node in self.sentinels:
+            try:
+                with node.client() as client:
+                    address = client.sentinel_get_master_addr_by_name(MASTER)
+            except redis.RedisError:
+                continue
+            if address:
+                return int(address[1])
+        raise RuntimeError("no Sentinel names a primary")
+
+    def crash(self, node: Node) -> float:
+        """kill -9; the monotonic time it was sent."""
+        assert node.process is not None
+        node.process.kill()
+        killed_at = time.monotonic()
+        node.process.wait(10)
+        return killed_at
+
+    def freeze(self, node: Node) -> None:
+        """SIGSTOP: the server keeps its connections but answers nothing (a partition, not a crash)."""
+        assert node.process is not None
+        node.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self, node: Node) -> None:
+        assert node.process is not None
+        node.process.send_signal(signal.SIGCONT)
+
+    def server(self, port: int) -> Node:
+        return next(node for node in self.servers if node.port == port)
+
+    def wait_promotion(self, old_port: int, timeout_s: float = 30.0) -> int:
+        """Until every Sentinel names another primary and that server says it is one; its port."""
+        wait_until(lambda: self._all_name_other_than(old_port), timeout_s, "a promotion")
+        port = self.primary_port()
+        wait_until(lambda: self.server(port).role() == "master", timeout_s, "the promoted server taking writes")
+        return port
+
+    def wait_replica(self, node: Node, timeout_s: float = 30.0) -> None:
+        """Until `node` replicates the current primary with its link up."""
+
+        def replicating() -> bool:
+            with node.client() as client:
+                info = client.info("replication")
+            return info["role"] == "slave" and info.get("master_link_status") == "up"
+
+        wait_until(replicating, timeout_s, f"server {node.port} rejoining as a replica")
+
+    def restart_as_replica(self, node: Node) -> None:
+        """Start a crashed server again on its address, empty, as a replica of the current primary."""
+        self._start_server(node, replica_of=self.primary_port(), register=False)
+        self.wait_replica(node)
+
+    def crash_over_to(self, node: Node, timeout_s: float = 30.0) -> float:
+        """kill -9 of the primary with every other replica held back, so that `node` is promoted; the
+        monotonic time of the kill."""
+        primary = self.server(self.primary_port())
+        for other in self.servers:
+            if other is not node and other is not primary:
+                with other.client() as client:
+                    client.config_set("replica-priority", 0)
+        wait_until(lambda: self._known_healthy_replica(node.port), timeout_s, "the Sentinels seeing the replica")
+        killed_at = self.crash(primary)
+        self.wait_promotion(primary.port, timeout_s)
+        return killed_at
+
+    def _start_server(self, node: Node, replica_of: int | None = None, register: bool = True) -> Node:
+        node.directory.mkdir(parents=True, exist_ok=True)
+        argv = [self.binary, "--port", str(node.port), "--bind", "127.0.0.1", "--dir", str(node.directory)]
+        argv += ["--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"]
+        argv += ["--repl-diskless-sync-delay", "0"]  # a replica syncs at once, not after 5 s
+        if replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(replica_of)]
+        node.process = self._spawn(argv, node.directory)
+        wait_until(node.pings, START_TIMEOUT_S, f"server {node.port} starting")
+        if register:
+            self.servers.append(node)
+        if replica_of is not None:
+            self.wait_replica(node)
+        return node
+
+    def _start_sentinel(self, node: Node, primary_port: int) -> None:
+        node.directory.mkdir(parents=True, exist_ok=True)
+        config = node.directory / "sentinel.conf"  # Sentinel rewrites its file: one each
+        config.write_text(
+            f"port {node.port}\nbind 127.0.0.1\ndir {node.directory}\n"
+            f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
+            f"sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {MASTER} {FAILOVER_TIMEOUT_MS}\n"
+            f"sentinel parallel-syncs {MASTER} 2\n"
+        )
+        if node.password:
+            config.write_text(
+                config.read_text() + f"requirepass {node.password}\nsentinel sentinel-pass {node.password}\n"
+            )
+        node.process = self._spawn([self.binary, str(config), "--sentinel"], node.directory)
+        wait_until(node.pings, START_TIMEOUT_S, f"sentinel {node.port} starting")
+        self.sentinels.append(node)
+
+    def _spawn(self, argv: list[str], directory: Path) -> subprocess.Popen[bytes]:
+        with (directory / "log.txt").open("ab") as log:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def _sentinels_see_replicas(self, count: int) -> bool:
+        for node in self.sentinels:
+            with node.client() as client:
+                replicas = client.sentinel_slaves(MASTER)
+                others = client.sentinel_sentinels(MASTER)
+            if len(replicas) < count or len(others) < len(self.sentinels) - 1:
+                return False
+        return True
+
+    def _all_name_other_than(self, old_port: int) -> bool:
+        for node in self.sentinels:
+            with node.client() as client:
+                address = client.sentinel_get_master_addr_by_name(MASTER)
+            if not address or int(address[1]) == old_port:
+                return False
+        return True
+
+    def _known_healthy_replica(self, port: int) -> bool:
+        with self.sentinels[0].client() as client:
+            replicas = client.sentinel_slaves(MASTER)
+        return any(int(r["port"]) == port and not r["is_sdown"] and r["master-link-status"] == "ok" for r in replicas)
+
+
+@pytest.fixture
+def sentinel_cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
+    """A primary, two replicas and three Sentinels (down-after 1 s), stopped after the test."""
+    cluster = SentinelCluster(redis_server_binary(), tmp_path / "cluster")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
