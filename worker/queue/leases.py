@@ -4,6 +4,8 @@
                ever only in a process's memory)
     hold       SET toolworker:lease:<holder> EX lease_s, renewed every lease_s / 5 by a thread of its own
     ack        LREM it from the holder's in-flight list (and kombu's unacked records, as before)
+    reconcile  the holder itself, after a reconnect or a failed ack: an entry it does not hold goes back
+               to its queue (a take whose reply was lost), one it settled is removed (an ack that was lost)
     recover    any live worker, every few seconds: a holder in toolworker:holders without a lease is dead;
                its in-flight messages go back to their queues, marked redelivered (so the done-key
                check applies), in one transaction that a renewed lease aborts
@@ -36,6 +38,23 @@ INFLIGHT_PREFIX = "toolworker:inflight:"
 HOLDERS_KEY = "toolworker:holders"
 _RENEWALS_PER_LEASE = 5
 _REDIS_TIMEOUT_S = 2.0
+
+
+# Removes one in-flight entry and, if it was there and ARGV[2] is '1', puts it back at the head of its queue
+# (where the next take finds it); with ARGV[3], the delivery tag, kombu's unacked records of it go too.
+# KEYS: the in-flight list, the queue, kombu's unacked hash and index. ARGV[1]: the entry.
+_SETTLE = """
+local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+if ARGV[3] ~= '' then
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+end
+if removed == 1 and ARGV[2] == '1' then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
 
 
 def inflight_key(holder: str, queue_key: str) -> str:
@@ -130,6 +149,27 @@ class Leases:
         if moved:
             log.warning("lease.recovered", holder=holder, messages=moved)
         return moved
+
+    def reconcile(self, held: Callable[[], tuple[set[bytes], set[bytes]]]) -> int:
+        """Make this holder's in-flight lists what the process holds; how many entries went back to their
+        queues. `held()` gives the messages held and those settled; it is read after the lists, so that an
+        entry acknowledged meanwhile (removed from its list before it leaves the holdings) is never requeued."""
+        prefix = inflight_key(self.holder, "")
+        lists = {}
+        for key in self.client.scan_iter(match=prefix + "*", count=100):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            lists[name] = self.client.lrange(name, 0, -1)
+        holding, settled = held()
+        settle = self.client.register_script(_SETTLE)
+        requeued = 0
+        for name, items in lists.items():
+            for raw in items:
+                if raw in holding:
+                    continue
+                tag = delivery_tag(raw) if raw in settled else None
+                keys = [name, name[len(prefix) :], *self._unacked_keys]
+                requeued += int(settle(keys=keys, args=[raw, "0" if raw in settled else "1", tag or ""]))
+        return requeued
 
     def _requeue(self, holder: str, inflight: str, queue_key: str) -> Callable[[Any], int]:
         unacked, unacked_index = self._unacked_keys
