@@ -46,6 +46,7 @@ scheme, would have none.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import threading
 import time
@@ -156,6 +157,18 @@ for _, source in ipairs(KEYS) do
   if item then return {source, item} end
 end
 return nil
+"""
+
+
+# Pops the head of an in-flight list if it is the item with this SHA-1 (Redis computes it; the item is not
+# sent). KEYS[1]: the in-flight list. ARGV[1]: the item's SHA-1, hex.
+_DROP_HEAD = """
+local head = redis.call('LINDEX', KEYS[1], 0)
+if head and redis.sha1hex(head) == ARGV[1] then
+  redis.call('LPOP', KEYS[1])
+  return 1
+end
+return 0
 """
 
 
@@ -378,11 +391,15 @@ class Channel(kombu_redis.Channel):
             return _REFUSED
 
     def _drop(self, inflight: str, item: bytes) -> None:
-        """Remove an item from the in-flight list now: nobody acknowledges it."""
+        """Remove an item just taken from the in-flight list now: nobody acknowledges it. It is the list's
+        head (a take pushes there, and nothing is taken meanwhile), named by its digest: an item of 20 MB
+        is not sent back to Redis to be found."""
         try:
             with self.conn_or_acquire() as client:
-                client.lrem(inflight, 1, item)
+                dropped = client.eval(_DROP_HEAD, 1, inflight, hashlib.sha1(item).hexdigest())
         except self.connection_errors:
+            dropped = 0
+        if not dropped:
             process_holdings().unconfirmed(inflight, item)  # removed on the next reconcile
 
 
