@@ -31,7 +31,7 @@ from worker.client import task_messages
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, RESULT_KEY_PREFIX
 from worker.protocol import envelope_from_meta, task_message
 from worker.queue import health
-from worker.queue.leases import INFLIGHT_PREFIX
+from worker.queue.leases import HOLDERS_KEY, INFLIGHT_PREFIX, inflight_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -337,3 +337,35 @@ def test_health_pings_leave_nothing_held(chaos: ChaosStack, monkeypatch: pytest.
         left = held(r)
     assert all(ok for ok, _ in answers), answers
     assert not left, left
+
+
+# --- a take and an acknowledgement lost in a Redis restart, made deterministic ----------------------
+
+
+def worker_holder(r: redis.Redis, pid: int) -> str:
+    """The lease holder name of the worker process `pid`."""
+    holders = [h.decode() for h in r.smembers(HOLDERS_KEY) if h.decode().split(":")[1] == str(pid)]
+    assert len(holders) == 1, holders
+    return holders[0]
+
+
+@pytest.mark.timeout(90)
+def test_a_take_and_an_ack_lost_in_a_restart_are_made_good(chaos: ChaosStack) -> None:
+    """A message in the live worker's in-flight list that it never received (a take Redis recorded but whose
+    reply was lost) and one it already answered (an acknowledgement lost): after Redis restarts, the first
+    is answered, the second not again, and neither stays held."""
+    stream = f"chaos:lost:{uuid.uuid4().hex}"
+    answered, never_received = good_call("answered", stream), good_call("never-received", stream)
+    with chaos.client() as r:
+        answer_calls(chaos, r, [answered], timeout_s=30)
+        inflight = inflight_key(worker_holder(r, chaos.worker.pid), DEFAULT_QUEUE)
+        r.lpush(
+            inflight, *task_messages([answered], DEFAULT_QUEUE, 1), *task_messages([never_received], DEFAULT_QUEUE, 1)
+        )
+    chaos.server.kill()
+    chaos.server.start()
+    with chaos.client() as r:
+        wait_until(
+            lambda: all_answered(r, [never_received]), 30, "the call whose take was lost\n" + chaos.log_text()[-2000:]
+        )
+        assert_promises_kept(chaos, r, [answered, never_received], stream)
