@@ -24,8 +24,9 @@ per connection pool (redis-py clients are safe to share between threads).
 disagreeing: a message moved into the in-flight list that the process never read (it stays there under a
 live lease, never answered), or a message acknowledged in memory that stays in the list (held until the
 process exits). ``Holdings`` is the process's own account: the messages delivered and not yet settled, and
-the settlements Redis may have missed. Before its first take every channel (so at start and after every
-reconnect), and before the next take after a settlement failed, the channel reconciles: an in-flight entry
+the settlements Redis may have missed. Before its first take on every new connection (at start, after a
+reconnect, whichever path made it), and before the next take after a settlement failed, the channel
+reconciles: an in-flight entry
 the process does not hold goes back to its queue, unless the process settled it, and then it is only
 removed (``Leases.reconcile``). Nothing is taken meanwhile, and an acknowledgement removes the entry before
 it leaves the account, so an entry reconciled away is never one a call still runs on.
@@ -115,6 +116,12 @@ class Holdings:
             if entry is not None and not confirmed:
                 self._unconfirmed.add(entry)
                 self.stale = True
+
+    def released(self, tag: str) -> None:
+        """A message taken but never handed on (Redis lost while kombu recorded it): no longer held."""
+        with self._lock:
+            self._delivered.pop(tag, None)
+            self.stale = True
 
     def unconfirmed(self, inflight: str, raw: bytes) -> None:
         """A message this process dropped (never delivered) whose removal Redis may not have recorded."""
@@ -226,6 +233,8 @@ class Message(virtual.Message):
             raise _NotATransportMessage(f"not a transport message: {type(exc).__name__}: {exc}") from exc
         if not isinstance(self.delivery_tag, str):
             raise _NotATransportMessage("not a transport message: its delivery_tag is not a string")
+        if not isinstance(self.delivery_info, dict) or not {"exchange", "routing_key"} <= self.delivery_info.keys():
+            raise _NotATransportMessage("not a transport message: no delivery_info with exchange and routing_key")
 
 
 class Channel(kombu_redis.Channel):
@@ -239,7 +248,7 @@ class Channel(kombu_redis.Channel):
     _polled: str | None = None  # the key BLMOVE waits on; None for a take
     _polled_plainly = False  # kombu's own BRPOP is outstanding
     _wait_next = False
-    _reconciled = False  # with Redis, since this channel was opened
+    _reconciled_on: Any = None  # the socket of the take connection when this channel last reconciled
     _in_poll: Any
     _brpop_sent_at: Any
 
@@ -292,8 +301,10 @@ class Channel(kombu_redis.Channel):
         if not queues:
             return
         leases = process_leases(self)
-        if not self._reconciled or process_holdings().stale:
-            self._reconcile(leases)
+        connection = self.client.connection
+        if connection._sock is not self._reconciled_on or process_holdings().stale:
+            self._reconcile(leases)  # a new socket: a take or an ack may have been lost with the old one
+            self._reconciled_on = connection._sock
         prefix = inflight_key(leases.holder, "")
         if self._wait_next:
             wait_s = self.brpop_timeout if timeout is None else timeout
@@ -322,7 +333,6 @@ class Channel(kombu_redis.Channel):
 
         requeued = leases.reconcile(held)  # reads the lists first, the holdings after
         holdings.reconciled(snapshot[1])
-        self._reconciled = True
         if requeued:
             kombu_redis.logger.warning("Requeued %d message(s) taken but never received", requeued)
 
@@ -377,6 +387,10 @@ class Channel(kombu_redis.Channel):
                     process_holdings().settled(tag, confirmed=True)
                 self._drop(inflight, item)
             raise Empty() from None
+        except BaseException:
+            if tag is not None and acknowledged and tag not in self.qos._delivered:
+                process_holdings().released(tag)  # it never reached the consumer: the reconcile puts it back
+            raise
 
     def _transport_payload(self, item: bytes) -> Any:
         """The item decoded, or _REFUSED when it is refused (too large to decode, or not JSON)."""
