@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     # A worker process holds a lease on the messages it took, renewed five times a lease; a holder whose lease
     # lapses is dead, and the live workers hand its messages back to their queues.
     lease_seconds: float = Field(8.0, ge=1)
+    # A queue item larger than this is refused before it is decoded (dead-lettered by size and digest, and
+    # answered 65 when its ends name its task id). Far above one call (arguments are capped at 1 MiB, about
+    # 3 MiB once escaped twice and base64-encoded) and a batch of 100 ordinary calls.
+    max_message_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024)
     # The last resort: an unacknowledged message older than this comes back even if its holder is alive.
     visibility_timeout_seconds: int = Field(86_400, ge=60)
     # The agent gateway (`toolworker gateway`, `toolworker mcp`; worker/gateway/).

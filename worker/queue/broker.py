@@ -19,6 +19,24 @@ kombu also builds a new redis-py client for every acknowledgement, unacked-index
 (``conn_or_acquire``); building one costs more than the command it sends. A channel here keeps one client
 per connection pool (redis-py clients are safe to share between threads).
 
+**What a process holds, and what Redis says it holds.** A take or an acknowledgement whose reply is lost
+(Redis killed after it wrote the command to its append-only file, before the reply left) leaves the two
+disagreeing: a message moved into the in-flight list that the process never read (it stays there under a
+live lease, never answered), or a message acknowledged in memory that stays in the list (held until the
+process exits). ``Holdings`` is the process's own account: the messages delivered and not yet settled, and
+the settlements Redis may have missed. Before its first take on every new connection (at start, after a
+reconnect, whichever path made it), and before the next take after a settlement failed, the channel
+reconciles: an in-flight entry
+the process does not hold goes back to its queue, unless the process settled it, and then it is only
+removed (``Leases.reconcile``). Nothing is taken meanwhile, and an acknowledgement removes the entry before
+it leaves the account, so an entry reconciled away is never one a call still runs on.
+
+**Items that are not transport messages** (not JSON, not an object, no ``properties``, over
+``TOOLWORKER_MAX_MESSAGE_BYTES``) never reach kombu, which would stop the consumer on them: they are
+dead-lettered (``dead_letter.py``), answered when they name a task id, and removed from the in-flight
+list. A message over the size limit is not even decoded. Messages consumed without acknowledgement (the
+replies to a ``ping``) are removed from the in-flight list as they are taken: nobody acknowledges them.
+
 ``register()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs, and its Sentinel
 variant (the same channel on kombu's ``SentinelChannel``) the one behind ``sentinel://``. It is the one
 extension not named by class path: a transport given as ``broker_transport`` (a class path) becomes the
@@ -30,6 +48,7 @@ scheme, would have none.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import threading
 import time
@@ -39,8 +58,7 @@ from queue import Empty
 from typing import Any
 
 import redis
-from celery.worker import state as worker_state
-from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
@@ -49,7 +67,8 @@ from redis.sentinel import Sentinel
 from worker.connections import parse_sentinel_url, sync_client
 from worker.constants import DEFAULT_TENANT
 from worker.queue import scheduler
-from worker.queue.leases import Leases, delivery_tag, inflight_key
+from worker.queue.dead_letter import refuse_item, refuse_oversize
+from worker.queue.leases import Leases, inflight_key
 from worker.settings import get_settings
 
 # A test hook: seconds to wait between taking a message and handing it to the consumer, so that a test
@@ -69,17 +88,77 @@ def process_leases(channel: kombu_redis.Channel) -> Leases:
         if _leases is None or _leases[0] != os.getpid():
             settings = get_settings()
             client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key, _in_use)
+            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key)
             leases.start()
             atexit.register(leases.release)
             _leases = (os.getpid(), leases)
         return _leases[1]
 
 
-def _in_use() -> set[str]:
-    """Delivery tags of the messages the worker has received and not finished (Celery's own records)."""
-    requests = [*worker_state.reserved_requests, *worker_state.active_requests]
-    return {str(r.message.delivery_tag) for r in requests if getattr(r, "message", None) is not None}
+class Holdings:
+    """What this process holds, by its own account: the messages delivered and not yet settled (acknowledged,
+    rejected or restored), and the settlements Redis may not have recorded. One per process, not per
+    channel: after a reconnect the old channel acknowledges the calls it delivered, the new one takes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._delivered: dict[str, tuple[str, bytes]] = {}  # delivery tag -> (in-flight list, message)
+        self._unconfirmed: set[tuple[str, bytes]] = set()  # settled here; Redis may still hold them
+        self.stale = False  # a settlement failed: reconcile before the next take
+
+    def hold(self, tag: str, inflight: str, raw: bytes) -> None:
+        with self._lock:
+            self._delivered[tag] = (inflight, raw)
+
+    def entry(self, tag: str) -> tuple[str, bytes] | None:
+        with self._lock:
+            return self._delivered.get(tag)
+
+    def settled(self, tag: str, confirmed: bool) -> None:
+        """Called after the settlement's removal from the in-flight list was sent, whether it succeeded."""
+        with self._lock:
+            entry = self._delivered.pop(tag, None)
+            if entry is not None and not confirmed:
+                self._unconfirmed.add(entry)
+                self.stale = True
+
+    def released(self, tag: str) -> None:
+        """A message taken but never handed on (Redis lost while kombu recorded it): no longer held."""
+        with self._lock:
+            self._delivered.pop(tag, None)
+            self.stale = True
+
+    def unconfirmed(self, inflight: str, raw: bytes) -> None:
+        """A message this process dropped (never delivered) whose removal Redis may not have recorded."""
+        with self._lock:
+            self._unconfirmed.add((inflight, raw))
+            self.stale = True
+
+    def snapshot(self) -> tuple[set[bytes], set[bytes]]:
+        """The messages held, and those settled but perhaps still in an in-flight list."""
+        with self._lock:
+            return {raw for _, raw in self._delivered.values()}, {raw for _, raw in self._unconfirmed}
+
+    def reconciled(self, settled: set[bytes]) -> None:
+        with self._lock:
+            self._unconfirmed = {entry for entry in self._unconfirmed if entry[1] not in settled}
+            self.stale = bool(self._unconfirmed)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._delivered)
+
+
+_holdings: tuple[int, Holdings] | None = None
+
+
+def process_holdings() -> Holdings:
+    """This process's holdings (a forked child starts with none)."""
+    global _holdings
+    with _leases_lock:
+        if _holdings is None or _holdings[0] != os.getpid():
+            _holdings = (os.getpid(), Holdings())
+        return _holdings[1]
 
 
 # How long a worker that was woken for nothing (every tenant with work at its max_in_flight) waits before
@@ -88,55 +167,115 @@ _NAP_S = 0.05
 _NAP_KEY = "toolworker:tenants:nap"  # never pushed: a wait on it is a pause on the connection
 
 
+# Pops the head of an in-flight list if it is the item with this SHA-1 (Redis computes it; the item is not
+# sent). KEYS[1]: the in-flight list. ARGV[1]: the item's SHA-1, hex.
+_DROP_HEAD = """
+local head = redis.call('LINDEX', KEYS[1], 0)
+if head and redis.sha1hex(head) == ARGV[1] then
+  redis.call('LPOP', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+
 class QoS(kombu_redis.QoS):
+    """kombu's, with every settlement (ack, reject, restore) removing the message from the in-flight list in
+    the same round trip, and recorded in the process's holdings whether or not Redis answered."""
+
     def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
-        """kombu's unacked records and, in the same round trip, the in-flight list entry."""
         pipe = super()._remove_from_indices(delivery_tag, pipe)
-        entry = self.channel.taken.get(bytes_to_str(delivery_tag))
+        entry = process_holdings().entry(bytes_to_str(delivery_tag))
         if entry is not None:
             pipe.lrem(entry[0], 1, entry[1])
             scheduler.release(pipe, self.channel.source_of(entry[0]), entry[1])
         return pipe
 
     def ack(self, delivery_tag: str) -> None:
-        super().ack(delivery_tag)
-        self.channel.taken.pop(delivery_tag, None)
+        with _settling(delivery_tag):
+            super().ack(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        super().reject(delivery_tag, requeue=requeue)
-        self.channel.taken.pop(delivery_tag, None)
+        with _settling(delivery_tag):
+            super().reject(delivery_tag, requeue=requeue)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """kombu's restore, or from the in-flight entry when kombu's record of the message is gone (a
         failover can keep a take and lose the record written a round trip after it)."""
-        entry = self.channel.taken.get(bytes_to_str(tag))
-        with self.channel.conn_or_acquire(client) as conn:
+        entry = process_holdings().entry(bytes_to_str(tag))
+        with _settling(bytes_to_str(tag)), self.channel.conn_or_acquire(client) as conn:
             if entry is None or conn.hexists(self.unacked_key, tag):
                 super().restore_by_tag(tag, client=conn, leftmost=leftmost)
             else:
                 conn.zrem(self.unacked_index_key, tag)
                 process_leases(self.channel).put_back(entry[0], entry[1], leftmost)
-        self.channel.taken.pop(bytes_to_str(tag), None)
+
+
+@contextmanager
+def _settling(tag: str) -> Iterator[None]:
+    """Settle a message in the holdings after its removal from Redis was tried; a failure is remembered so
+    that the removal is made again once Redis is back."""
+    try:
+        yield
+    except BaseException:
+        process_holdings().settled(tag, confirmed=False)
+        raise
+    process_holdings().settled(tag, confirmed=True)
+
+
+_REFUSED = object()  # an item not handed to kombu (a JSON `null` decodes to None)
+
+
+class _NotATransportMessage(Exception):
+    """A queue item kombu cannot read as a message (never leaves this module)."""
+
+
+class Message(virtual.Message):
+    """kombu's message; an item without its fields raises one error this module catches, before the consumer
+    sees anything (kombu's own KeyError or TypeError would stop the consumer)."""
+
+    def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _NotATransportMessage(f"not a transport message: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(self.delivery_tag, str):
+            raise _NotATransportMessage("not a transport message: its delivery_tag is not a string")
+        if not isinstance(self.delivery_info, dict) or not {"exchange", "routing_key"} <= self.delivery_info.keys():
+            raise _NotATransportMessage("not a transport message: no delivery_info with exchange and routing_key")
 
 
 class Channel(kombu_redis.Channel):
     """Takes messages with the fair take (scheduler.TAKE: every queue, tenant and priority, the message
     recorded in the same step) or, when none is waiting, waits for one with `BLMOVE` on one queue's own
-    key without taking it (scheduler's docstring)."""
+    key without taking it (scheduler's docstring). A channel that only reads replies (consumed without
+    acknowledgement) takes them as kombu does, recording nothing."""
 
     QoS = QoS
+    Message = Message
     _opened_with: dict[bool, dict[str, Any]]
+    _polled_plainly = False  # kombu's own BRPOP is outstanding
     _wait_next = False
     _woken = False  # the last wait ended because the queue's list was not empty
     _nap = False  # woken for nothing: pause before looking again
+    _reconciled_on: Any = None  # the socket of the take connection when this channel last reconciled
     _in_poll: Any
     _brpop_sent_at: Any
 
     @property
-    def taken(self) -> dict[str, tuple[str, bytes]]:
-        """Delivery tag -> (in-flight list, the message as taken), for the messages not yet acknowledged
-        (the process's, kept by its lease: what its in-flight lists hold beyond these is an orphan)."""
-        return process_leases(self).taken
+    def _no_ack_queues(self) -> set[str]:
+        queues: set[str] = self.__dict__.setdefault("_no_ack", set())
+        return queues
+
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        if no_ack:
+            self._no_ack_queues.add(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        self._no_ack_queues.discard(queue)
+        return super().basic_cancel(consumer_tag)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -169,9 +308,18 @@ class Channel(kombu_redis.Channel):
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         """Take the next message due (scheduler.TAKE), or (after a take found none) wait for one to come."""
+        if self.active_queues and set(self.active_queues) <= self._no_ack_queues:
+            self._polled_plainly = True
+            super()._brpop_start(timeout)
+            return
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
+        leases = process_leases(self)
+        connection = self.client.connection
+        if connection._sock is not self._reconciled_on or process_holdings().stale:
+            self._reconcile(leases)  # a new socket: a take or an ack may have been lost with the old one
+            self._reconciled_on = connection._sock
         if self._wait_next:
             wait_s = self.brpop_timeout if timeout is None else timeout
             if len(queues) > 1:
@@ -181,14 +329,32 @@ class Channel(kombu_redis.Channel):
             # A list moved onto itself, right to right: returns once it is not empty, and takes nothing.
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", wait_s or 0]
         else:
-            prefix = inflight_key(process_leases(self).holder, "")
+            prefix = inflight_key(leases.holder, "")
             suffixes = [self._q_for_pri("", pri) for pri in self.priority_steps]
             command = scheduler.take_command(queues, prefix, suffixes)
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
         self.client.connection.send_command(*command)
 
+    def _reconcile(self, leases: Leases) -> None:
+        """Make this holder's in-flight lists what the process holds (no take is outstanding here)."""
+        holdings = process_holdings()
+        snapshot: list[set[bytes]] = []
+
+        def held() -> tuple[set[bytes], set[bytes]]:
+            snapshot[:] = holdings.snapshot()
+            return snapshot[0], snapshot[1]
+
+        requeued = leases.reconcile(held)  # reads the lists first, the holdings after
+        holdings.reconciled(snapshot[1])
+        if requeued:
+            kombu_redis.logger.warning("Requeued %d message(s) taken but never received", requeued)
+
     def _brpop_read(self, **options: Any) -> bool:
+        if self._polled_plainly:
+            self._polled_plainly = False
+            result: bool = super()._brpop_read(**options)
+            return result
         waited = self._wait_next
         try:
             try:
@@ -216,7 +382,7 @@ class Channel(kombu_redis.Channel):
         self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False
     ) -> None:
         """A message put back (a rejected or unfinished one) goes back to the list it was taken from."""
-        entry = self.taken.get(str((payload.get("properties") or {}).get("delivery_tag")))
+        entry = process_holdings().entry(str((payload.get("properties") or {}).get("delivery_tag")))
         if entry is None:
             return super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)  # type: ignore[no-any-return]
         source = self.source_of(entry[0])
@@ -230,15 +396,70 @@ class Channel(kombu_redis.Channel):
         return None
 
     def _deliver_taken(self, source: str, item: bytes) -> None:
-        tag = delivery_tag(item)
-        if tag is not None:
-            self.taken[tag] = (inflight_key(process_leases(self).holder, source), item)
+        """Hand a taken item to the consumer; one that is not a message is refused and dropped instead."""
+        inflight = inflight_key(process_leases(self).holder, source)
+        queue = source.rsplit(self.sep, 1)[0]
+        self._queue_cycle.rotate(queue)
+        payload = self._transport_payload(item)
+        if payload is _REFUSED:
+            self._drop(inflight, item)
+            raise Empty()  # nothing delivered: the consumer takes again
+        tag = _delivery_tag(payload)
+        acknowledged = queue not in self._no_ack_queues
+        if not acknowledged:
+            self._drop(inflight, item)
+        elif tag is not None:
+            process_holdings().hold(tag, inflight, item)
         pause_s = float(os.environ.get(PAUSE_AFTER_TAKE_ENV) or 0)
         if pause_s:
             time.sleep(pause_s)  # a test kills the worker here, between taking and recording
-        queue = source.rsplit(self.sep, 1)[0]
-        self._queue_cycle.rotate(queue)
-        self.connection._deliver(loads(bytes_to_str(item)), queue)
+        try:
+            self.connection._deliver(payload, queue)
+        except _NotATransportMessage as exc:
+            refuse_item(str(exc), item, payload)
+            if acknowledged:
+                if tag is not None:
+                    process_holdings().settled(tag, confirmed=True)
+                self._drop(inflight, item)
+            raise Empty() from None
+        except BaseException:
+            if tag is not None and acknowledged and tag not in self.qos._delivered:
+                process_holdings().released(tag)  # it never reached the consumer: the reconcile puts it back
+            raise
+
+    def _transport_payload(self, item: bytes) -> Any:
+        """The item decoded, or _REFUSED when it is refused (too large to decode, or not JSON)."""
+        limit_bytes = get_settings().max_message_bytes
+        if len(item) > limit_bytes:
+            refuse_oversize(item, limit_bytes)
+            return _REFUSED
+        try:
+            return loads(bytes_to_str(item))
+        except (ValueError, RecursionError) as exc:
+            refuse_item(f"not a transport message: not JSON ({type(exc).__name__})", item, None)
+            return _REFUSED
+
+    def _drop(self, inflight: str, item: bytes) -> None:
+        """Remove an item just taken from the in-flight list now: nobody acknowledges it. It is the list's
+        head (a take pushes there, and nothing is taken meanwhile), named by its digest: an item of 20 MB
+        is not sent back to Redis to be found."""
+        try:
+            with self.conn_or_acquire() as client:
+                dropped = client.eval(_DROP_HEAD, 1, inflight, hashlib.sha1(item).hexdigest())
+                if dropped:  # its tenant's calls are not running
+                    with client.pipeline(transaction=False) as pipe:
+                        scheduler.release(pipe, self.source_of(inflight), item)
+                        pipe.execute()
+        except self.connection_errors:
+            dropped = 0
+        if not dropped:
+            process_holdings().unconfirmed(inflight, item)  # removed on the next reconcile
+
+
+def _delivery_tag(payload: Any) -> str | None:
+    properties = payload.get("properties") if isinstance(payload, dict) else None
+    tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+    return tag if isinstance(tag, str) else None
 
 
 class BrokerTransport(kombu_redis.Transport):

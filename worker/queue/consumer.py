@@ -39,17 +39,29 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
         task_id = (message.headers or {}).get("id")
         if isinstance(task_id, str) and task_id:
             answer_undecodable(task_id, message.body)
-        # Not Celery's handler: it logs the start of the raw body, call-header values included.
         message.ack()
+
+    # Not Celery's handlers, in all four: they log the message's body (call-header values included).
 
     def on_unknown_message(self, body: Any, message: Any) -> None:
         dead_letter("not a task message", None, body)
-        super().on_unknown_message(body, message)
+        message.ack()
 
     def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
-        dead_letter(f"unknown task {message.headers.get('task')!r}", exc, body)
-        super().on_unknown_task(body, message, exc)
+        task = (message.headers or {}).get("task")
+        dead_letter(f"unknown task {str(task)[:200]!r}", None, _body_of(message, body))
+        message.ack()
 
     def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
-        dead_letter("invalid task message", exc, body)
-        super().on_invalid_task(body, message, exc)
+        dead_letter("invalid task message", exc, _body_of(message, body))
+        message.ack()
+
+
+def _body_of(message: Any, body: Any) -> Any:
+    """The message's body as sent (Celery passes None for protocol 2), for its redacted record."""
+    if body is not None:
+        return body
+    try:
+        return message.decode()
+    except Exception:  # a body that cannot be decoded is recorded by its size and digest only
+        return message.body

@@ -4,6 +4,8 @@
                atomic step: no message is ever only in a process's memory)
     hold       SET toolworker:lease:<holder> EX lease_s, renewed every lease_s / 5 by a thread of its own
     ack        LREM it from the holder's in-flight list (and kombu's unacked records, as before)
+    reconcile  the holder itself, after a reconnect or a failed ack: an entry it does not hold goes back
+               to its queue (a take whose reply was lost), one it settled is removed (an ack that was lost)
     recover    any live worker, every few seconds: a holder in toolworker:holders without a lease is dead;
                its in-flight messages go back to their queues, marked redelivered (so the done-key
                check applies), in one transaction that a renewed lease aborts
@@ -64,8 +66,26 @@ if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
 return 1
 """
+_REQUEUED = 2  # _SETTLE's answer for an entry put back on its queue (1: removed only, 0: not there)
 _RENEWALS_PER_LEASE = 5
 _REDIS_TIMEOUT_S = 2.0
+
+
+# Removes one in-flight entry and, if it was there and ARGV[2] is '1', puts it back at the head of its queue
+# (where the next take finds it); with ARGV[3], the delivery tag, kombu's unacked records of it go too.
+# KEYS: the in-flight list, the queue, kombu's unacked hash and index. ARGV[1]: the entry.
+_SETTLE = """
+local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+if ARGV[3] ~= '' then
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+end
+if removed == 1 and ARGV[2] == '1' then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  return 2
+end
+return removed
+"""
 
 
 def inflight_key(holder: str, queue_key: str) -> str:
@@ -101,7 +121,6 @@ class Leases:
         lease_s: float,
         unacked_key: str,
         unacked_index_key: str,
-        in_use: Callable[[], set[str]] = set,
     ) -> None:
         self.client = client
         self.lease_s = lease_s
@@ -113,11 +132,6 @@ class Leases:
         self._quiet_until = 0.0  # after losing Redis, others get the grace to renew before a sweep
         self._primary: tuple[str, float] = ("", 0.0)  # replication ID of the primary, since when (its clock)
         self._primary_age_s = 0.0
-        # Delivery tag -> (in-flight list, message) of what this process took and has not acknowledged.
-        self.taken: dict[str, tuple[str, bytes]] = {}
-        self._in_use = in_use  # the delivery tags the process is working on (received, not finished)
-        self._unknown: set[tuple[str, bytes]] = set()  # entries of our lists no delivery knew, at the last look
-        self._reconcile_until = 0.0
 
     def start(self) -> None:
         self.renew()
@@ -146,7 +160,6 @@ class Leases:
                 pipe.expire(PRIMARIES_KEY, _PRIMARIES_TTL_S)
                 _, since, _ = pipe.execute()
             self._primary = (replid, float(since))
-            self._reconcile_until = time.monotonic() + 2 * self.grace_s
             log.info("lease.primary_seen", replid=replid, age_s=round(now_s - float(since), 3))
         return self._primary[1]
 
@@ -155,26 +168,10 @@ class Leases:
         return self._primary_age_s >= self.grace_s and time.monotonic() >= self._quiet_until
 
     def tick(self) -> None:
-        """One renewal, a look at our own lists after losing Redis, and a sweep when leases can be judged."""
+        """One renewal, and a sweep when leases can be judged."""
         self.renew()
-        if time.monotonic() < self._reconcile_until:
-            self.reconcile()
         if self.may_sweep():
             self.sweep()
-
-    def reconcile(self) -> int:
-        """Put back what our in-flight lists hold and the process is not working on (seen twice)."""
-        unknown = set()
-        for key in self.client.scan_iter(match=inflight_key(self.holder, "*"), count=100):
-            name = key.decode() if isinstance(key, bytes) else str(key)
-            entries: list[bytes] = self.client.lrange(name, 0, -1)  # type: ignore[assignment]
-            in_use = self._in_use()
-            unknown |= {(name, raw) for raw in entries if delivery_tag(raw) not in in_use}
-        orphans, self._unknown = unknown & self._unknown, unknown
-        moved = sum(self.put_back(name, raw) for name, raw in orphans)
-        if moved:
-            log.warning("lease.orphans_put_back", holder=self.holder, messages=moved)
-        return moved
 
     def put_back(self, inflight: str, raw: bytes, leftmost: bool = False) -> int:
         """Move one message of our in-flight list `inflight` back to its queue, marked redelivered."""
@@ -205,7 +202,6 @@ class Leases:
                 self.tick()
             except redis.RedisError as exc:
                 self._quiet_until = time.monotonic() + self.grace_s
-                self._reconcile_until = time.monotonic() + 2 * self.grace_s
                 log.warning("lease.renew_failed", error=str(exc))
 
     def sweep(self) -> int:
@@ -230,6 +226,42 @@ class Leases:
         if moved:
             log.warning("lease.recovered", holder=holder, messages=moved)
         return moved
+
+    def reconcile(self, held: Callable[[], tuple[set[bytes], set[bytes]]]) -> int:
+        """Make this holder's in-flight lists what the process holds; how many entries went back to their
+        queues. `held()` gives the messages held and those settled; it is read after the lists, so that an
+        entry acknowledged meanwhile (removed from its list before it leaves the holdings) is never requeued."""
+        prefix = inflight_key(self.holder, "")
+        lists: dict[str, list[bytes]] = {}
+        for key in self.client.scan_iter(match=prefix + "*", count=100):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            lists[name] = self.client.lrange(name, 0, -1)  # type: ignore[assignment]
+        holding, settled = held()
+        settle = self.client.register_script(_SETTLE)
+        requeued = 0
+        for name, items in lists.items():
+            for raw in items:
+                if raw in holding:
+                    continue
+                tag = delivery_tag(raw) if raw in settled else None
+                source = name[len(prefix) :]
+                keys = [name, source, *self._unacked_keys]
+                outcome = int(settle(keys=keys, args=[raw, "0" if raw in settled else "1", tag or ""]))
+                self._settled_for_tenant(source, raw, outcome)
+                requeued += outcome == _REQUEUED
+        return requeued
+
+    def _settled_for_tenant(self, source: str, raw: bytes, outcome: int) -> None:
+        """The tenant's counts after a reconcile: calls back in their queue wait again; calls whose
+        settlement Redis missed (the release went with it) are no longer running."""
+        if outcome == 0:
+            return
+        with self.client.pipeline(transaction=True) as pipe:
+            if outcome == _REQUEUED:
+                scheduler.requeued(pipe, source, raw)
+            else:
+                scheduler.release(pipe, source, raw)
+            pipe.execute()
 
     def _requeue(self, holder: str, inflight: str, queue_key: str) -> Callable[[Any], int]:
         unacked, unacked_index = self._unacked_keys

@@ -130,7 +130,9 @@ end
 local function move(src, item, t, mq, named)
   local counted = header_calls(item) or (named and 1 or 0)
   local queued = tonumber(redis.call('HGET', QUEUED, t)) or 0
-  if counted > 0 then redis.call('HINCRBY', QUEUED, t, -math.min(counted, queued)) end
+  local waited = math.min(counted, queued)
+  -- Only a positive count: Redis 7.0 refuses the -0 that Lua makes of a zero.
+  if waited > 0 then redis.call('HINCRBY', QUEUED, t, -waited) end
   if mq > 0 and queued > mq then
     redis.call('RPOP', src)
     item = over_quota(item, mq)
@@ -228,7 +230,8 @@ RELEASE = (
     _COMMON
     + """
 local q, t = ARGV[1], ARGV[2]
-redis.call('HINCRBY', IN_FLIGHT, t, -tonumber(ARGV[3]))
+local calls = tonumber(ARGV[3])
+if calls ~= 0 then redis.call('HINCRBY', IN_FLIGHT, t, 0 - calls) end
 if redis.call('LLEN', q) == 0 and redis.call('LLEN', q .. TENANT_MARK .. t) > 0 then redis.call('LPUSH', q, WAKE) end
 """
 )
