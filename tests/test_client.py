@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from worker.client import AsyncToolClient
 from worker.constants import MAX_CALL_TIMEOUT_S
 from worker.errors import InvalidArguments
-from worker.protocol import parse_call
+from worker.protocol import MAX_BATCH_BYTES, parse_call, task_messages
 from worker.queue.scheduler import WAKE, tenant_list
 
 
@@ -81,3 +81,17 @@ def test_a_raw_message_with_a_malformed_tenant_is_invalid() -> None:
     """A producer's tenant outside the pattern makes the call invalid (65), never another tenant's."""
     with pytest.raises(InvalidArguments, match="tenant"):
         parse_call({"tool": "a", "tenant": "no spaces allowed"}, "t")
+
+
+def test_batches_are_cut_at_a_byte_budget_as_well_as_a_count() -> None:
+    """A run of calls too large for one message leaves in several batches, in order, each within the
+    budget; small calls still share one batch up to the count; a lone call is an execute message."""
+    big = [{"callId": f"b{i}", "tool": "t", "arguments": {"x": "y" * (MAX_BATCH_BYTES // 3)}} for i in range(7)]
+    small = [{"callId": f"s{i}", "tool": "t", "arguments": {}} for i in range(5)]
+    bodies = [json.loads(json.loads(m)["body"])[0][0] for m in task_messages(big + small, "q", 100)]
+    batches = [body if isinstance(body, list) else [body] for body in bodies]
+    assert [c["callId"] for batch in batches for c in batch] == [c["callId"] for c in big + small]
+    assert all(len(json.dumps(batch).encode()) <= MAX_BATCH_BYTES for batch in batches if len(batch) > 1)
+    assert [len(batch) for batch in batches] == [2, 2, 2, 6]  # the small calls join the last big one
+    assert [json.loads(m)["headers"]["task"] for m in task_messages(small[:1], "q", 100)] == ["toolcall.execute"]
+    assert len(task_messages(small, "q", 2)) == 3  # the count still cuts

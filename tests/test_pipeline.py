@@ -258,3 +258,12 @@ def test_secrets_stay_out_of_debug_logs(tmp_path: Path, upstream: Upstream, dns_
     log_text = log.read_text(errors="replace")
     assert result.call_id in log_text
     assert SECRET_TOKEN not in log_text and user_token not in log_text
+
+
+def test_calls_near_the_arguments_cap_submitted_together_are_each_answered(client: ToolClient) -> None:
+    """Twelve calls of 800 KB each, sent in one go, exceed the workers' 8 MiB message limit together: they
+    leave in several batch messages, and every call gets its own envelope."""
+    calls = [("echo_post", {"title": f"big-{i}", "note": f"big-{i}:" + "n" * 800_000}) for i in range(12)]
+    results = client.call_many(calls, timeout=60)
+    assert [r.exit_code for r in results] == [0] * 12
+    assert all((r.body or "").startswith(f'{{"note":"big-{i}:') for i, r in enumerate(results))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,10 @@ from worker.errors import InvalidArguments
 from worker.tracing import MAX_TRACEPARENT_CHARS, MAX_TRACESTATE_CHARS
 
 _ARGSREPR_MAX = 1024
+# A batch message is cut at this many bytes of calls. On the wire its body is escaped once more (a JSON
+# text inside the message's JSON), and the workers refuse a message over TOOLWORKER_MAX_MESSAGE_BYTES
+# (8 MiB by default): a batch of calls near the 1 MiB arguments cap must not be one message.
+MAX_BATCH_BYTES = 1024 * 1024
 MAX_REPLY_TO_CHARS = 512
 
 
@@ -150,15 +155,31 @@ def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXE
 
 
 def task_messages(calls: list[dict[str, Any]], queue: str, max_batch: int) -> list[str]:
-    """Celery messages for these calls: one execute message for a lone call, else batches of max_batch."""
+    """Celery messages for these calls: one execute message for a lone call, else batches of at most
+    max_batch calls and MAX_BATCH_BYTES."""
     bodies = []
-    for start in range(0, len(calls), max_batch):
-        chunk = calls[start : start + max_batch]
+    for chunk in _batches(calls, max_batch):
         if len(chunk) == 1:
             bodies.append(task_message(chunk[0]["callId"], [chunk[0]], queue, TASK_EXECUTE))
         else:
             bodies.append(task_message(str(uuid.uuid4()), [chunk], queue, TASK_EXECUTE_BATCH))
     return bodies
+
+
+def _batches(calls: list[dict[str, Any]], max_batch: int) -> Iterator[list[dict[str, Any]]]:
+    """The calls in order, cut into runs of at most max_batch calls and MAX_BATCH_BYTES (a call larger
+    than that alone is a run of its own)."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for call in calls:
+        call_bytes = len(json.dumps(call, ensure_ascii=False).encode())
+        if chunk and (len(chunk) == max_batch or size + call_bytes > MAX_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(call)
+        size += call_bytes
+    if chunk:
+        yield chunk
 
 
 def call_id_needle(call_id: str) -> bytes:
