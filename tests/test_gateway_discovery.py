@@ -24,7 +24,7 @@ from tests.conftest import start_worker, stop_worker, worker_env
 from tests.gateway_stack import DEFINITIONS, Gateway, auth, gateway_env, start_gateway, wait_listening
 from tests.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from tests.support.openapi_gen import write_spec
-from worker.definitions import redis_store as shared
+from worker.definitions import redis_store
 from worker.dev.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -130,7 +130,7 @@ async def test_meta_tool_errors_name_the_field_or_the_tool(discovery_stack: Disc
 def publish(redis_url: str, folder: Path) -> int:
     client = redis.Redis.from_url(redis_url)
     try:
-        version, toolset = shared.publish(client, [folder])
+        version, toolset = redis_store.publish(client, [folder])
     finally:
         client.close()
     assert version, toolset.problems

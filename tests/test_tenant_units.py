@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from worker.cli import main
 from worker.client import AsyncToolClient
 from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE, TENANT_LIMITS_KEY
-from worker.definitions import redis_store as shared
+from worker.definitions import redis_store
 from worker.definitions.file_store import load
 from worker.dev.embedded import EmbeddedRedis
 from worker.errors import DeadlineExceeded, TenantQueueFull
@@ -63,7 +63,7 @@ def test_bad_tenants_are_problems_with_their_line(tmp_path: Path) -> None:
 def test_publish_writes_the_tenant_limits(tmp_path: Path) -> None:
     """Publishing a set makes its tenants' limits the ones the takes read (0: no limit)."""
     r = fakeredis.FakeRedis()
-    version, _ = shared.publish(r, [_write(tmp_path, TENANTS)])
+    version, _ = redis_store.publish(r, [_write(tmp_path, TENANTS)])
     assert version == 1
     table = {k.decode(): v.decode() for k, v in r.hgetall(TENANT_LIMITS_KEY).items()}
     assert table == {"bulk": "1 200 100000", "default": "2 50 0", "live": "4 0 0"}

@@ -245,14 +245,14 @@ def _progress(text: str) -> None:
 
 def _load_toolset(paths: list[Path]) -> Any:
     """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
-    from worker.definitions import file_store as store
+    from worker.definitions import file_store
     from worker.definitions.builtin import served_toolset
     from worker.http.egress import EgressPolicy
 
     if paths:
-        return store.load(paths)
+        return file_store.load(paths)
     settings = get_settings()
-    return served_toolset(store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow).enabled)
+    return served_toolset(file_store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow).enabled)
 
 
 def _tools(args: argparse.Namespace) -> int:
@@ -328,16 +328,15 @@ def _health(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import redis
 
-    from worker.definitions import file_store as store
-    from worker.definitions import redis_store as shared
+    from worker.definitions import file_store, redis_store
 
     settings = get_settings()
     paths = args.paths or [settings.definitions]
-    _progress(f"checking {len(store.definition_files(paths))} definitions files")
+    _progress(f"checking {len(file_store.definition_files(paths))} definitions files")
     _check_redis(settings)
     client = sync_client(settings.redis_url)
     try:
-        version, toolset = shared.publish(client, paths)
+        version, toolset = redis_store.publish(client, paths)
     except redis.ConnectionError as exc:  # Redis went away after the check
         raise RedisUnavailable(f"lost Redis at {mask_url(settings.redis_url)}: {exc}") from None
     finally:

@@ -29,8 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from worker.gateway import openapi_document as openapi
-from worker.gateway import version
+from worker.gateway import openapi_document, version
 from worker.gateway.calls import Calls, open_calls
 from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.mcp import McpFront, Mode
@@ -106,12 +105,12 @@ def create_app(
             async with late.mcp.run(), late.streaming.run():
                 yield
 
-    async def openapi_document(request: Request) -> Response:
-        return JSONResponse(openapi.document(str(request.base_url).rstrip("/"), version()))
+    async def serve_openapi_document(request: Request) -> Response:
+        return JSONResponse(openapi_document.document(str(request.base_url).rstrip("/"), version()))
 
     app = Starlette(
         routes=[
-            Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+            Route("/v1/openapi.json", serve_openapi_document, methods=["GET"]),
             *metadata_routes,
         ],
         lifespan=lifespan,

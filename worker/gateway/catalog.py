@@ -21,9 +21,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from worker.connections import sync_client
-from worker.definitions import builtin, catalog
-from worker.definitions import file_store as store
-from worker.definitions import redis_store as shared
+from worker.definitions import builtin, catalog, file_store, redis_store
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.gateway.identity import Grant
 from worker.http.egress import EgressPolicy
@@ -135,19 +133,19 @@ class Catalog:
         if self._settings.store == "file":
             await self._start_announced(client)
             return
-        bundles = shared.Bundles()
+        bundles = redis_store.Bundles()
         payload = await asyncio.to_thread(_current_payload, self._settings.redis_url)
         if payload is None:
             log.warning("gateway.no_definitions_published", hint="run `toolworker publish`")
         else:
             self._replace(*await asyncio.to_thread(bundles.load, payload))
         poll_s = self._settings.store_poll_seconds
-        watch = shared.follow(client, bundles, self.snapshot.version, poll_s, self._replace)
+        watch = redis_store.follow(client, bundles, self.snapshot.version, poll_s, self._replace)
         self._watcher = asyncio.get_running_loop().create_task(watch)
 
     async def _start_announced(self, client: aioredis.Redis) -> None:
         """The file store: serve the files the workers announced, and each set they announce later."""
-        bundles = shared.Bundles()
+        bundles = redis_store.Bundles()
         served = 0  # the sets served so far, which name their folders in `bundles`
 
         async def serve(digest: str, files: dict[str, str]) -> None:
@@ -157,7 +155,7 @@ class Catalog:
             self._replace(0, await asyncio.to_thread(bundles.load_files, served, files), digest)
 
         try:
-            announced = await shared.announced_files(client)
+            announced = await redis_store.announced_files(client)
         except RedisError as exc:  # Redis away at start: the follower below takes the announcement later
             log.warning("gateway.definitions_unread", error=str(exc))
             announced = None
@@ -165,7 +163,9 @@ class Catalog:
             await self._serve_own_folder()
         else:
             await serve(*announced)
-        watch = shared.follow_announced(client, announced and announced[0], self._settings.store_poll_seconds, serve)
+        watch = redis_store.follow_announced(
+            client, announced and announced[0], self._settings.store_poll_seconds, serve
+        )
         self._watcher = asyncio.get_running_loop().create_task(watch)
 
     async def _serve_own_folder(self) -> None:
@@ -176,7 +176,7 @@ class Catalog:
             reason="no worker on the file store has announced the definitions it serves: serving this folder "
             "until one does",
         )
-        self._replace(0, await asyncio.to_thread(store.load, [folder]))
+        self._replace(0, await asyncio.to_thread(file_store.load, [folder]))
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -197,6 +197,6 @@ class Catalog:
 def _current_payload(redis_url: str) -> bytes | None:
     client = sync_client(redis_url, socket_connect_timeout=5)
     try:
-        return shared.current_payload(client)
+        return redis_store.current_payload(client)
     finally:
         client.close()

@@ -17,7 +17,7 @@ from celery.exceptions import Reject
 
 from worker import tracing
 from worker.constants import TASK_EXECUTE
-from worker.definitions import redis_store as shared
+from worker.definitions import redis_store
 from worker.loop import process_loop
 from worker.queue.outcome import PublishFailed
 from worker.queue.service import Service, build_service
@@ -35,11 +35,11 @@ def process_service() -> Service:
     with _lock:
         if _service is None or _service[0] != os.getpid():
             settings = get_settings()
-            bundles = shared.Bundles() if settings.store == "redis" else None
+            bundles = redis_store.Bundles() if settings.store == "redis" else None
             service = build_service(settings, bundles)
             follower = None
             if bundles is not None:
-                follow = shared.follow(
+                follow = redis_store.follow(
                     service.publisher.client,
                     bundles,
                     service.definitions_version,

@@ -17,8 +17,7 @@ from worker import errors, metrics, tracing
 from worker.call.run import run_call
 from worker.call.runtime import Runtime
 from worker.connections import connect, sync_client
-from worker.definitions import file_store as store
-from worker.definitions import redis_store as shared
+from worker.definitions import file_store, redis_store
 from worker.definitions.builtin import served_toolset
 from worker.definitions.model import ToolSet
 from worker.envelope import ToolResult
@@ -141,7 +140,7 @@ def _parse(message: Any, task_id: str, index: int | None) -> tuple[ToolCall | To
     return call, call.reply_to
 
 
-def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> Service:
+def build_service(settings: Settings, bundles: redis_store.Bundles | None = None) -> Service:
     """The service of a worker process, its definitions loaded (and, for the file store, its routes and
     files announced)."""
     tracing.configure("toolworker")
@@ -159,21 +158,21 @@ def build_service(settings: Settings, bundles: shared.Bundles | None = None) -> 
     return Service(runtime, publisher, version)
 
 
-def _initial_definitions(settings: Settings, bundles: shared.Bundles | None) -> tuple[int, ToolSet]:
+def _initial_definitions(settings: Settings, bundles: redis_store.Bundles | None) -> tuple[int, ToolSet]:
     client = sync_client(settings.redis_url)
     try:
         if settings.store == "file":
-            toolset = _loaded(store.load([settings.definitions]), "file")
-            shared.announce(client, [settings.definitions], toolset)  # routes for clients, files for gateways
-            shared.write_tenants(client, toolset)
+            toolset = _loaded(file_store.load([settings.definitions]), "file")
+            redis_store.announce(client, [settings.definitions], toolset)  # routes for clients, files for gateways
+            redis_store.write_tenants(client, toolset)
             return 0, toolset
-        payload = shared.current_payload(client)
+        payload = redis_store.current_payload(client)
     finally:
         client.close()
     if payload is None:
         log.warning("definitions.none_published", hint="run `toolworker publish`")
         return 0, ToolSet()
-    version, toolset = (bundles or shared.Bundles()).load(payload)
+    version, toolset = (bundles or redis_store.Bundles()).load(payload)
     return version, _loaded(toolset, f"redis v{version}")
 
 
