@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import DnsServer, ServerThread, UpstreamState, closed_port, make_upstream
+from tests.support.servers import DnsServer, ServerThread, UpstreamState, closed_port, make_upstream
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
 from worker.settings import get_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# Fixtures of shared stacks, for every module that asks for them: the gateway's (tests/gateway_stack.py),
+# Fixtures of shared stacks, for every module that asks for them: the gateway's (tests/support/gateway_stack.py),
 # the fault tests' misbehaving upstreams (tests/support/faults.py) and Redis Sentinel's (tests/support/sentinel.py).
-pytest_plugins = ["tests.gateway_stack", "tests.support.faults", "tests.support.sentinel"]
+pytest_plugins = ["tests.support.gateway_stack", "tests.support.faults", "tests.support.sentinel"]
 SECRET_TOKEN = "s3cr3t-env-token-4242"
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from tests.servers import ServerThread
+from tests.support.servers import ServerThread
 from worker import errors
 from worker.call.auth import TokenCache, authorize
 from worker.call.rendering import render

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer
+from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until
 from worker.client import AsyncToolClient
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, ROUTES_KEY

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer
 from tests.support.hostile import BOMB_BYTES, INJECTED_BODY, HostileUpstream
+from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until
 from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis

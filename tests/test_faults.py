@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.servers import DnsServer
 from tests.support.faults import (
     FAULTS,
     FaultUpstream,
@@ -35,6 +34,7 @@ from tests.support.faults import (
     wait_for_envelopes,
     warm_up,
 )
+from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until, wait_until_async
 from worker.client import AsyncToolClient, ToolClient
 from worker.constants import DEFAULT_QUEUE

@@ -21,9 +21,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ToolsListChanged
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.gateway_stack import DEFINITIONS, Gateway, auth, gateway_env, start_gateway, wait_listening
-from tests.servers import DnsServer, ServerThread, UpstreamState, make_upstream
+from tests.support.gateway_stack import DEFINITIONS, Gateway, auth, gateway_env, start_gateway, wait_listening
 from tests.support.openapi_gen import write_spec
+from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from worker.definitions import redis_store
 from worker.dev.embedded import EmbeddedRedis
 

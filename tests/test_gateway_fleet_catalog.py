@@ -19,8 +19,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.gateway_stack import Gateway, text_of, wait_listening
-from tests.servers import DnsServer, ServerThread, UpstreamState, make_upstream
+from tests.support.gateway_stack import Gateway, text_of, wait_listening
+from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
 

@@ -30,10 +30,18 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from mcp.shared.exceptions import MCPError
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.gateway_stack import DEFINITIONS, TOKEN, Gateway, Recorder, gateway_env, recording_upstream, start_gateway
-from tests.gateway_stack import wait_listening as wait_gateway
-from tests.servers import DnsServer, ServerThread, UpstreamState
+from tests.support.gateway_stack import (
+    DEFINITIONS,
+    TOKEN,
+    Gateway,
+    Recorder,
+    gateway_env,
+    recording_upstream,
+    start_gateway,
+)
+from tests.support.gateway_stack import wait_listening as wait_gateway
 from tests.support.oidc import OidcClient, OidcServer, SigningKey
+from tests.support.servers import DnsServer, ServerThread, UpstreamState
 from tests.support.waiting import wait_until
 from worker.constants import AUDIT_STREAM_KEY
 from worker.dev.embedded import EmbeddedRedis, free_port

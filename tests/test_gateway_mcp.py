@@ -17,7 +17,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from tests.gateway_stack import HELD_QUEUE, OTHER_TOKEN, TOKEN, Stack, auth, gateway_env, text_of
+from tests.support.gateway_stack import HELD_QUEUE, OTHER_TOKEN, TOKEN, Stack, auth, gateway_env, text_of
 from worker.gateway.mcp import CALL_ID_META_KEY, CALL_META_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.gateway_stack import HELD_QUEUE, TOKEN, Stack, auth, gateway_env, start_gateway
-from tests.servers import DnsServer
+from tests.support.gateway_stack import HELD_QUEUE, TOKEN, Stack, auth, gateway_env, start_gateway
+from tests.support.servers import DnsServer
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.gateway_stack import Gateway, Stack, auth, gateway_env, start_gateway
+from tests.support.gateway_stack import Gateway, Stack, auth, gateway_env, start_gateway
 from worker.dev.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

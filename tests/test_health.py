@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import WorkerProcess
-from tests.servers import closed_port
+from tests.support.servers import closed_port
 from worker.dev.embedded import EmbeddedRedis
 from worker.queue.health import check
 from worker.redaction import mask_url

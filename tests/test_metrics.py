@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY, generate_latest
 from structlog.testing import capture_logs
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer
 from tests.support.prometheus import deploy_check, scrape, wait_for_sample
+from tests.support.servers import DnsServer
 from worker import metrics
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port

@@ -12,7 +12,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types._types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY
 
-from tests.gateway_stack import Stack, auth
+from tests.support.gateway_stack import Stack, auth
 from worker.client import ToolClient
 from worker.constants import MAX_ARGUMENTS_DEPTH
 from worker.gateway.mcp import CALL_META_KEY

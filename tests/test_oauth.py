@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.servers import DnsServer, ServerThread
+from tests.support.servers import DnsServer, ServerThread
 from worker.client import AsyncToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.envelope import ToolResult

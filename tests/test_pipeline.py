@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, Upstream, WorkerProcess, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer
+from tests.support.servers import DnsServer
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.dev.embedded import EmbeddedRedis

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
-from tests.servers import DnsServer, ServerThread
+from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
+from tests.support.servers import DnsServer, ServerThread
 from worker.definitions.file_store import load
 from worker.dev.demo import make_app
 from worker.dev.embedded import EmbeddedRedis

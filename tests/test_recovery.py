@@ -19,7 +19,6 @@ import pytest
 from celery import Celery
 
 from tests.conftest import start_worker
-from tests.servers import DnsServer
 from tests.support.faults import (
     FAULTS,
     FaultUpstream,
@@ -35,6 +34,7 @@ from tests.support.faults import (
     wait_for_envelopes,
     warm_up,
 )
+from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until
 from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE
 from worker.protocol import envelope_from_meta

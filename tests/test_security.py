@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer, echo
+from tests.support.servers import DnsServer, echo
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE, TASK_EXECUTE
 from worker.dev.embedded import EmbeddedRedis

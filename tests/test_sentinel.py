@@ -23,9 +23,9 @@ import pytest
 from redis.exceptions import RedisError
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
-from tests.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
-from tests.servers import DnsServer
+from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.support.sentinel import SentinelCluster, redis_server_binary, wait_until
+from tests.support.servers import DnsServer
 from worker.client import AsyncToolClient
 from worker.connections import parse_sentinel_url, sync_client
 from worker.dev.embedded import EmbeddedRedis, free_port

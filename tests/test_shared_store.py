@@ -14,7 +14,7 @@ import redis
 from structlog.testing import capture_logs
 
 from tests.conftest import Upstream, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer
+from tests.support.servers import DnsServer
 from worker.client import ToolClient
 from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY
 from worker.definitions import redis_store

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES, Upstream, start_worker, worker_env
-from tests.servers import DnsServer
 from tests.support.prometheus import wait_for_sample
+from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until
 from worker.client import AsyncToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port

@@ -26,8 +26,8 @@ from aiohttp import web
 from celery import Celery
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer, ServerThread
 from tests.support.faults import holdings, make_call, per_call, stream_envelopes
+from tests.support.servers import DnsServer, ServerThread
 from tests.support.waiting import wait_until
 from worker.client import AsyncToolClient
 from worker.constants import DEFAULT_QUEUE, RESULT_KEY_PREFIX, TASK_EXECUTE

@@ -8,7 +8,7 @@ import httpx2
 import pytest
 import redis
 
-from tests.gateway_stack import Stack, auth
+from tests.support.gateway_stack import Stack, auth
 from worker.constants import DEFAULT_TENANT, TENANT_LIMITS_KEY
 from worker.gateway.calls import QUEUE_FULL_RETRY_AFTER_S
 from worker.queue import scheduler

@@ -25,8 +25,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from tests.conftest import SECRET_TOKEN, start_worker, stop_worker, worker_env
-from tests.gateway_stack import Gateway, auth, gateway_env, start_gateway, wait_listening
-from tests.servers import DnsServer, ServerThread
+from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway, wait_listening
+from tests.support.servers import DnsServer, ServerThread
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
 from worker.protocol import parse_call

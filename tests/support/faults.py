@@ -25,7 +25,7 @@ import redis
 from aiohttp import web
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer, ServerThread
+from tests.support.servers import DnsServer, ServerThread
 from tests.support.waiting import wait_until
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE

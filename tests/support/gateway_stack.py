@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
-from tests.servers import DnsServer, ServerThread, UpstreamState, make_upstream
+from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from worker.dev.embedded import EmbeddedRedis, free_port
 
 TOKEN = "gw-token-0123456789"
