@@ -83,8 +83,39 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     return SentinelUrl(tuple(nodes), db or 0, username, password)
 
 
+# redis-py reconnects a dropped connection where it is next used (send_packed_command) to the address it
+# had, not through the Sentinels as a new connection does: after a failover, to the dead or deposed primary,
+# retrying until the retries run out (over a minute with connect()'s), while the calls it publishes wait.
+# These connections reconnect through the Sentinels there too.
+class _SentinelConnection(sentinel.SentinelManagedConnection):
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._sock:
+            self.connect()  # type: ignore[no-untyped-call]
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+class _SentinelSSLConnection(_SentinelConnection, redis.SSLConnection):
+    pass
+
+
+class _AsyncSentinelConnection(aiosentinel.SentinelManagedConnection):
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()  # type: ignore[no-untyped-call]
+        await super().send_packed_command(command, check_health)
+
+
+class _AsyncSentinelSSLConnection(_AsyncSentinelConnection, aioredis.SSLConnection):
+    pass
+
+
 class _SentinelPool(sentinel.SentinelConnectionPool):
     """Closing the client closes its connections to the Sentinels too."""
+
+    def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
+        tls = kwargs.pop("ssl", False)
+        kwargs.setdefault("connection_class", _SentinelSSLConnection if tls else _SentinelConnection)
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
 
     def disconnect(self, inuse_connections: bool = True) -> None:
         super().disconnect(inuse_connections)
@@ -92,6 +123,11 @@ class _SentinelPool(sentinel.SentinelConnectionPool):
 
 
 class _AsyncSentinelPool(aiosentinel.SentinelConnectionPool):
+    def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
+        tls = kwargs.pop("ssl", False)
+        kwargs.setdefault("connection_class", _AsyncSentinelSSLConnection if tls else _AsyncSentinelConnection)
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+
     async def disconnect(self, inuse_connections: bool = True) -> None:
         await super().disconnect(inuse_connections)
         await self.sentinel_manager.aclose()

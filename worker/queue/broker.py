@@ -196,29 +196,37 @@ class QoS(kombu_redis.QoS):
             super().ack(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        with _settling(delivery_tag):
+        with _settling(delivery_tag, requeue):
             super().reject(delivery_tag, requeue=requeue)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """kombu's restore, or from the in-flight entry when kombu's record of the message is gone (a
         failover can keep a take and lose the record written a round trip after it)."""
         entry = process_holdings().entry(bytes_to_str(tag))
-        with _settling(bytes_to_str(tag)), self.channel.conn_or_acquire(client) as conn:
+        # A restore that fails settles nothing: kombu restores what a closing channel delivered, calls still
+        # running included, and such a call's own ack or reject settles it later.
+        with self.channel.conn_or_acquire(client) as conn:
             if entry is None or conn.hexists(self.unacked_key, tag):
                 super().restore_by_tag(tag, client=conn, leftmost=leftmost)
             else:
                 conn.zrem(self.unacked_index_key, tag)
                 process_leases(self.channel).put_back(entry[0], entry[1], leftmost)
+        process_holdings().settled(bytes_to_str(tag), confirmed=True)
 
 
 @contextmanager
-def _settling(tag: str) -> Iterator[None]:
+def _settling(tag: str, requeue: bool = False) -> Iterator[None]:
     """Settle a message in the holdings after its removal from Redis was tried; a failure is remembered so
-    that the removal is made again once Redis is back."""
+    that it is made good once Redis is back: a removal is made again, and a message that was to go back to
+    its queue (a reject with requeue: its call has no published result) is no longer held, so that the
+    reconcile puts it back rather than only removing it, which would lose the call."""
     try:
         yield
     except BaseException:
-        process_holdings().settled(tag, confirmed=False)
+        if requeue:
+            process_holdings().released(tag)
+        else:
+            process_holdings().settled(tag, confirmed=False)
         raise
     process_holdings().settled(tag, confirmed=True)
 
