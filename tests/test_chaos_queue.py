@@ -25,8 +25,9 @@ import pytest
 import redis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
-from tests.support.redis_proc import RedisProcess, wait_until
+from tests.support.redis_proc import RedisProcess
 from tests.support.servers import DnsServer
+from tests.support.waiting import wait_until
 from worker.client import task_messages
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, RESULT_KEY_PREFIX
 from worker.protocol import envelope_from_meta, task_message

@@ -9,7 +9,6 @@ import json
 import socket
 import struct
 import subprocess
-import threading
 import time
 import uuid
 from collections import Counter
@@ -25,7 +24,7 @@ import redis
 from aiohttp import web
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
-from tests.support.servers import DnsServer, ServerThread
+from tests.support.servers import DnsServer, ServerThread, TcpServer
 from tests.support.waiting import wait_until
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE
@@ -152,27 +151,14 @@ class FaultHandlers:
         return web.Response(status=429, text="slow down", headers={"Retry-After": "1"})
 
 
-class RawServer:
+class RawServer(TcpServer):
     """A bare TCP server for what aiohttp's server will not do: hang up without answering, reset mid-body."""
 
     def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
+        super().__init__()
         self.paths: list[str] = []
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    def start(self) -> RawServer:
-        self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop)
-        self._server = future.result(10)
-        return self
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -189,17 +175,6 @@ class RawServer:
             return
         writer.close()
         await writer.wait_closed()
-
-    def stop(self) -> None:
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-                await self._server.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 @dataclass

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 
 import brotli
 
+from tests.support.servers import TcpServer
+
 # What a bomb expands to, and the size of a bomb on the wire is a few KB at most.
 BOMB_BYTES = 64 * 1024 * 1024
 INJECTED_BODY = b"injected"
@@ -33,14 +35,12 @@ def head(status: str = "200 OK", *headers: bytes, length: int | None = None) -> 
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
-class HostileUpstream:
+class HostileUpstream(TcpServer):
     """The server, on a loop of its own in a thread; `injected` and `poisoned_dropped` tell a test when the
     extra response was sent and when the client dropped the connection that carried it."""
 
     def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
+        super().__init__()
         self._gzip_bomb = gzip.compress(b"a" * BOMB_BYTES, 9)
         self._brotli_bomb = brotli.compress(b"a" * BOMB_BYTES, quality=5)
         self.injected = threading.Event()
@@ -61,29 +61,7 @@ class HostileUpstream:
             "latin1-content-type": self._latin1_content_type,
         }
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    def start(self) -> HostileUpstream:
-        self._thread.start()
-        started = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop)
-        self._server = started.result(10)
-        return self
-
-    def stop(self) -> None:
-        async def close() -> None:
-            assert self._server is not None
-            self._server.close()
-            await self._server.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: Writer) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: Writer) -> None:
         """Answer requests on one connection until a case ends it or the client goes."""
         poisoned = False
         try:

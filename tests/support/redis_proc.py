@@ -9,24 +9,12 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
+from tests.support.waiting import wait_until
 from worker.dev.embedded import free_port
-
-POLL_S = 0.05
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `predicate` until it holds; fail saying `what` was awaited once `timeout_s` has passed."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 class RedisProcess:

@@ -11,6 +11,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Self
 
 from aiohttp import web
 
@@ -212,3 +213,38 @@ def closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+class TcpServer:
+    """A bare asyncio TCP server on 127.0.0.1, on a loop in a thread of its own, for upstreams that
+    misbehave below HTTP; a subclass answers each connection in `handle`."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def start(self) -> Self:
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(asyncio.start_server(self.handle, "127.0.0.1", 0), self._loop)
+        self._server = started.result(10)
+        return self
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self._server is not None:
+                self._server.close()
+                await self._server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
