@@ -18,8 +18,13 @@ worker/queue/broker.py. `execute_replicated` is the one place writes wait for re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import socket
 import ssl
+import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -87,11 +92,33 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
 # had, not through the Sentinels as a new connection does: after a failover, to the dead or deposed primary,
 # retrying until the retries run out (over a minute with connect()'s), while the calls it publishes wait.
 # These connections reconnect through the Sentinels there too.
+#
+# A primary cut off from its replicas (a partition: Sentinel promoted one of them meanwhile) refuses writes
+# with NOREPLICAS when the servers run with `min-replicas-to-write` (README, "High availability"). redis-py
+# follows a demoted primary's READONLY to the new one; these connections follow NOREPLICAS the same way:
+# the connection is dropped and the command fails as a connection error, which the caller's retries send
+# through the Sentinels again.
 class _SentinelConnection(sentinel.SentinelManagedConnection):
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         if not self._sock:
             self.connect()  # type: ignore[no-untyped-call]
         super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+    def cut(self) -> None:
+        """Fail whatever waits on this connection now (from any thread): its socket is shut down."""
+        sock: Any = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):  # (closed meanwhile)
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if not _cut_off(self, exc):
+                raise
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise RedisConnectionError(f"the primary refuses writes: {_one_line(exc)}") from exc
 
 
 class _SentinelSSLConnection(_SentinelConnection, redis.SSLConnection):
@@ -99,22 +126,121 @@ class _SentinelSSLConnection(_SentinelConnection, redis.SSLConnection):
 
 
 class _AsyncSentinelConnection(aiosentinel.SentinelManagedConnection):
+    _loop: asyncio.AbstractEventLoop | None = None  # the one it is used on
+
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._loop = asyncio.get_running_loop()
         if not self.is_connected:
             await self.connect()  # type: ignore[no-untyped-call]
         await super().send_packed_command(command, check_health)
+
+    def cut(self) -> None:
+        """Fail whatever waits on this connection now (from any thread): its transport is aborted on its loop."""
+        writer, loop = self._writer, self._loop
+        if writer is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # (the loop is closed)
+                loop.call_soon_threadsafe(writer.transport.abort)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if not _cut_off(self, exc):
+                raise
+            await self.disconnect()
+            raise RedisConnectionError(f"the primary refuses writes: {_one_line(exc)}") from exc
+
+
+def _cut_off(connection: Any, exc: ResponseError) -> bool:
+    """NOREPLICAS from a server the Sentinels named as the primary."""
+    return str(exc).startswith("NOREPLICAS") and bool(connection.connection_pool.is_master)
 
 
 class _AsyncSentinelSSLConnection(_AsyncSentinelConnection, aioredis.SSLConnection):
     pass
 
 
-class _SentinelPool(sentinel.SentinelConnectionPool):
-    """Closing the client closes its connections to the Sentinels too."""
+class _PrimaryWatch:
+    """Where the Sentinels say the primary is, asked every second by a thread of its own (one per process
+    and set of Sentinels), for the connections of this process to it.
+
+    A primary that crashed resets its connections; one that froze, or that a partition cut off, never does:
+    a command waiting on it (a take, a publish, an enqueue) would wait for ever, for no socket timeout
+    can be shorter than the longest blocking read. When the Sentinels name another primary, every
+    connection still on the old one is cut (its socket shut down, from here, whichever thread or loop
+    reads it): its command fails as a connection error, and its retry goes through the Sentinels to the
+    new primary. The thread ends once no connection is left to watch."""
+
+    connections: weakref.WeakSet[_SentinelConnection | _AsyncSentinelConnection]
+
+    def __init__(self, service_name: str, nodes: list[tuple[str, int]], sentinel_kwargs: dict[str, Any]) -> None:
+        self.connections = weakref.WeakSet()
+        self._service_name = service_name
+        timeouts = {"socket_timeout": _WATCH_INTERVAL_S, "socket_connect_timeout": _WATCH_INTERVAL_S}
+        kwargs = {**sentinel_kwargs, **timeouts, "retry": None}
+        self._sentinels = sentinel.Sentinel(nodes, sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
+        self._primary: tuple[str, int] | None = None
+
+    def _run(self, key: tuple[Any, ...]) -> None:
+        while True:
+            time.sleep(_WATCH_INTERVAL_S)
+            with _watch_lock:
+                if not self.connections:
+                    _watches.pop(key, None)
+                    self._sentinels.close()
+                    return
+            try:
+                primary = self._sentinels.discover_master(self._service_name)  # type: ignore[no-untyped-call]
+            except (RedisError, OSError, ValueError):
+                continue  # none named now (a failover under way): ask again
+            if self._primary is not None and primary != self._primary:
+                self._cut(self._primary)
+            self._primary = primary
+
+    def _cut(self, address: tuple[str, int]) -> None:
+        for connection in list(self.connections):
+            if (connection.host, connection.port) == address:
+                connection.cut()
+
+
+_WATCH_INTERVAL_S = 1.0
+_watches: dict[tuple[Any, ...], _PrimaryWatch] = {}
+_watch_lock = threading.Lock()
+
+
+def _watch(service_name: str, manager: Any) -> _PrimaryWatch:
+    """The watch of this process for the primary `manager`'s Sentinels name `service_name`."""
+    addresses = [client.connection_pool.connection_kwargs for client in manager.sentinels]
+    nodes = [(address["host"], address["port"]) for address in addresses]
+    key = (os.getpid(), service_name, tuple(nodes))
+    with _watch_lock:
+        watch = _watches.get(key)
+        if watch is None:
+            watch = _watches[key] = _PrimaryWatch(service_name, nodes, dict(manager.sentinel_kwargs or {}))
+            threading.Thread(target=watch._run, args=(key,), name="toolworker-primary-watch", daemon=True).start()
+        return watch
+
+
+class _Watched:
+    """A pool whose connections the process's _PrimaryWatch cuts when the primary moves."""
+
+    _watch: _PrimaryWatch
+
+    def make_connection(self) -> Any:
+        connection = super().make_connection()  # type: ignore[misc]
+        self._watch.connections.add(connection)
+        return connection
+
+
+class SentinelPool(_Watched, sentinel.SentinelConnectionPool):
+    """Connections that follow a failover mid-command (above), watched (_PrimaryWatch); closing the client
+    closes its connections to the Sentinels too."""
 
     def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
-        tls = kwargs.pop("ssl", False)
-        kwargs.setdefault("connection_class", _SentinelSSLConnection if tls else _SentinelConnection)
+        # TLS as redis-py says it (ssl=True) or as kombu does (an SSL connection class)
+        tls = kwargs.pop("ssl", False) or issubclass(kwargs.pop("connection_class", object), redis.SSLConnection)
+        kwargs["connection_class"] = _SentinelSSLConnection if tls else _SentinelConnection
+        self._watch = _watch(service_name, sentinel_manager)
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
 
     def disconnect(self, inuse_connections: bool = True) -> None:
@@ -122,10 +248,11 @@ class _SentinelPool(sentinel.SentinelConnectionPool):
         self.sentinel_manager.close()
 
 
-class _AsyncSentinelPool(aiosentinel.SentinelConnectionPool):
+class _AsyncSentinelPool(_Watched, aiosentinel.SentinelConnectionPool):
     def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
         tls = kwargs.pop("ssl", False)
         kwargs.setdefault("connection_class", _AsyncSentinelSSLConnection if tls else _AsyncSentinelConnection)
+        self._watch = _watch(service_name, sentinel_manager)
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
@@ -142,7 +269,7 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
     primary's connections, and their socket timeouts to the Sentinels' too."""
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **options)
-    master: redis.Redis = _master(url, sentinel.Sentinel, _SentinelPool, options)
+    master: redis.Redis = _master(url, sentinel.Sentinel, SentinelPool, options)
     return master
 
 

@@ -1,20 +1,29 @@
 """A replicated Redis on loopback for the high-availability tests: a primary, two replicas and three
-Sentinels, each a real `redis-server` process, that a test can crash, freeze and fail over."""
+Sentinels, each a real `redis-server` process, that a test can crash, freeze and fail over; and a fleet on
+it (two workers and a gateway on the Sentinel URL)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
+from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
+from tests.support.servers import DnsServer
+from worker.client import AsyncToolClient
 from worker.dev.embedded import free_port
+from worker.settings import get_settings
 
 MASTER = "mymaster"
 DOWN_AFTER_MS = 1000
@@ -74,6 +83,9 @@ class SentinelCluster:
     root: Path
     servers: list[Node] = field(default_factory=list)
     sentinels: list[Node] = field(default_factory=list)
+    # With replicas, a primary takes writes only while one of them is in touch (as README advises): one cut
+    # off by a partition, promoted past, refuses them instead of taking writes the failover will discard.
+    min_replicas_to_write: int = 0
 
     @property
     def url(self) -> str:
@@ -81,6 +93,7 @@ class SentinelCluster:
 
     def start(self, replicas: int = 2, sentinels: int = 3, sentinel_password: str | None = None) -> SentinelCluster:
         """With `sentinel_password`, the Sentinels want it (and give it to each other)."""
+        self.min_replicas_to_write = min(replicas, 1)
         primary = self._start_server(Node(free_port(), self.root / "server-0"))
         for index in range(1, replicas + 1):
             self._start_server(Node(free_port(), self.root / f"server-{index}"), replica_of=primary.port)
@@ -169,6 +182,7 @@ class SentinelCluster:
         argv = [self.binary, "--port", str(node.port), "--bind", "127.0.0.1", "--dir", str(node.directory)]
         argv += ["--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"]
         argv += ["--repl-diskless-sync-delay", "0"]  # a replica syncs at once, not after 5 s
+        argv += ["--min-replicas-to-write", str(self.min_replicas_to_write), "--min-replicas-max-lag", "2"]
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
         node.process = self._spawn(argv, node.directory)
@@ -232,3 +246,65 @@ def sentinel_cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+DEFINITIONS = FIXTURES / "sentinel"
+LEASE_S = 2
+
+
+class CountingClient(AsyncToolClient):
+    """The client, keeping every envelope its reply stream brings (a call answered twice shows here)."""
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(redis_url)
+        self.envelopes: defaultdict[str, list[str]] = defaultdict(list)
+
+    def _deliver(self, envelope: dict[str, Any]) -> None:
+        self.envelopes[str(envelope.get("callId"))].append(json.dumps(envelope, sort_keys=True))
+        super()._deliver(envelope)
+
+
+@dataclass
+class Fleet:
+    """Two workers and a gateway on the cluster's Sentinel URL."""
+
+    cluster: SentinelCluster
+    env: dict[str, str]
+    logs: Path
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    gateway: Gateway | None = None
+
+    def worker_logs(self) -> str:
+        return "".join(path.read_text(errors="replace") for path in self.logs.glob("worker-*.log"))
+
+
+@pytest.fixture
+def sentinel_fleet(
+    sentinel_cluster: SentinelCluster,
+    upstream: Upstream,
+    dns_server: DnsServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Fleet]:
+    """Workers (2 s leases) and a gateway with TOOLWORKER_REDIS_MIN_REPLICAS=1, as is this test's client."""
+    env = worker_env(sentinel_cluster.url, upstream.url, dns_server.address, DEFINITIONS)
+    env.update(TOOLWORKER_REDIS_MIN_REPLICAS="1", TOOLWORKER_LEASE_SECONDS=str(LEASE_S))
+    monkeypatch.setenv("TOOLWORKER_REDIS_MIN_REPLICAS", "1")
+    get_settings.cache_clear()
+    handle = Fleet(sentinel_cluster, env, tmp_path)
+    try:
+        handle.workers = [start_worker(env, tmp_path / f"worker-{i}.log") for i in range(2)]
+        gateway_environ = gateway_env(sentinel_cluster.url, DEFINITIONS, TOOLWORKER_REDIS_MIN_REPLICAS="1")
+        handle.gateway = start_gateway(gateway_environ, tmp_path / "gateway.log")
+        wait_listening(handle.gateway, ready=True)
+        yield handle
+    finally:
+        for process in handle.workers:
+            stop_worker(process)
+        if handle.gateway is not None:
+            handle.gateway.stop()
+
+
+def report(title: str, **figures: object) -> None:
+    """A figure worth reading, printed (`pytest -s`)."""
+    print(f"\n{title}: " + json.dumps(figures))

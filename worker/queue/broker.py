@@ -64,7 +64,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.sentinel import Sentinel
 
-from worker.connections import parse_sentinel_url, sync_client
+from worker.connections import SentinelPool, parse_sentinel_url, sync_client
 from worker.constants import DEFAULT_TENANT
 from worker.queue import scheduler
 from worker.queue.dead_letter import refuse_item, refuse_oversize
@@ -267,6 +267,7 @@ class Channel(kombu_redis.Channel):
     _woken = False  # the last wait ended because the queue's list was not empty
     _nap = False  # woken for nothing: pause before looking again
     _reconciled_on: Any = None  # the socket of the take connection when this channel last reconciled
+    _take_waits = 0  # a WAIT for this many replicas follows the take on the wire (MIN_REPLICAS)
     _in_poll: Any
     _brpop_sent_at: Any
 
@@ -340,9 +341,14 @@ class Channel(kombu_redis.Channel):
             prefix = inflight_key(leases.holder, "")
             suffixes = [self._q_for_pri("", pri) for pri in self.priority_steps]
             command = scheduler.take_command(queues, prefix, suffixes)
-        self._in_poll = self.client.connection
+        connection = self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
-        self.client.connection.send_command(*command)
+        commands = [command]
+        self._take_waits = 0 if self._wait_next else get_settings().redis_min_replicas
+        if self._take_waits:  # the take on that many replicas before its calls run: a failover now runs none twice
+            timeout_ms = int(get_settings().redis_min_replicas_timeout_seconds * 1000)
+            commands.append(["WAIT", self._take_waits, timeout_ms])
+        connection.send_packed_command(connection.pack_commands(commands))
 
     def _reconcile(self, leases: Leases) -> None:
         """Make this holder's in-flight lists what the process holds (no take is outstanding here)."""
@@ -366,7 +372,10 @@ class Channel(kombu_redis.Channel):
         waited = self._wait_next
         try:
             try:
-                reply = self.client.parse_response(self.client.connection, "BLMOVE" if waited else "EVAL", **options)
+                if waited:
+                    reply = self.client.parse_response(self.client.connection, "BLMOVE", **options)
+                else:
+                    reply = self._read_take(**options)
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next poll reconnects
                 raise
@@ -381,6 +390,20 @@ class Channel(kombu_redis.Channel):
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+
+    def _read_take(self, **options: Any) -> Any:
+        """The take's reply, and WAIT's after it when one was sent (read even when the take failed). A take
+        the replicas did not confirm in time still runs: the call was enqueued durably, and only a failover
+        in the next moments would run it twice."""
+        connection = self.client.connection
+        try:
+            return self.client.parse_response(connection, "EVAL", **options)
+        finally:
+            waits, self._take_waits = self._take_waits, 0
+            if waits and connection._sock is not None:  # (a connection error has dropped the connection)
+                acked = self.client.parse_response(connection, "WAIT")
+                if acked < waits:
+                    kombu_redis.logger.warning("A take reached %d of %d replicas in time (MIN_REPLICAS)", acked, waits)
 
     def source_of(self, inflight: str) -> str:
         """The queue list a message in this process's in-flight list `inflight` was taken from."""
@@ -492,7 +515,9 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
         manager = Sentinel(list(nodes), sentinel_kwargs=getattr(self, "sentinel_kwargs", None), **params)
         setattr(self, "_async_sentinel_manager" if asynchronous else "_sentinel_manager", manager)
         credentials = {key: params[key] for key in ("username", "password") if key in params}
-        return manager.master_for(self.master_name, redis.Redis, **credentials).connection_pool
+        # The pool of worker/connections.py: it follows a failover mid-command, as every other client does.
+        client = manager.master_for(self.master_name, redis.Redis, connection_pool_class=SentinelPool, **credentials)
+        return client.connection_pool
 
 
 class SentinelBrokerTransport(kombu_redis.SentinelTransport):
