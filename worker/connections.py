@@ -37,7 +37,7 @@ import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel as sentinel
 from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import EqualJitterBackoff
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -287,7 +287,9 @@ def connect(url: str, max_connections: int = 32) -> aioredis.Redis:
     options: dict[str, Any] = {
         "max_connections": max_connections,
         "timeout": 30,
-        "retry": Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.1), retries=20),
+        # Tries at most a second apart (a failover is over in seconds; a try further apart would only add
+        # to the outage), for about a minute.
+        "retry": Retry(EqualJitterBackoff(cap=1.0, base=0.1), retries=80),
         "retry_on_error": [RedisConnectionError, RedisTimeoutError, ConnectionResetError],
         "health_check_interval": 30,
         "socket_keepalive": True,
