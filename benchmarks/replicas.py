@@ -1,5 +1,5 @@
-"""What TOOLWORKER_REDIS_MIN_REPLICAS=1 costs: each enqueue and each published result waits (WAIT) until a
-replica has it.
+"""What TOOLWORKER_REDIS_MIN_REPLICAS=1 costs: each enqueue, each take and each published result waits (WAIT)
+until a replica has it.
 
 A primary and one replica of its own (`redis-server --replicaof`, on 127.0.0.1), one upstream (0 ms, 1 KB)
 and one worker process per configuration; the client in this process. For each configuration: a burst of

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from tests.conftest import Upstream
@@ -31,7 +32,7 @@ from tests.support.sentinel import (
     wait_until,
 )
 from worker.client import AsyncToolClient
-from worker.connections import parse_sentinel_url, sync_client
+from worker.connections import async_client, parse_sentinel_url, sync_client
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.queue.leases import LEASE_PREFIX, Leases, inflight_key
 from worker.settings import get_settings
@@ -175,3 +176,31 @@ def test_a_malformed_sentinel_url_is_refused_with_the_password_masked(url: str) 
     with pytest.raises(ValueError) as raised:
         parse_sentinel_url(url)
     assert "pw-0417" not in str(raised.value) and "***" in str(raised.value)
+
+
+@pytest.mark.integration
+def test_a_primary_that_refuses_writes_for_want_of_replicas_is_left_like_a_demoted_one(
+    sentinel_cluster: SentinelCluster,
+) -> None:
+    """NOREPLICAS from the server the Sentinels name (a primary cut off from its replicas, promoted past) fails
+    as a connection error, which the caller's retries follow through the Sentinels, as they do READONLY."""
+    primary = sentinel_cluster.server(sentinel_cluster.primary_port())
+    with primary.client() as admin:
+        admin.config_set("min-replicas-to-write", 3)  # more than it has: every write is refused
+    client = sync_client(sentinel_cluster.url, retry=None, socket_timeout=2.0)
+
+    async def async_write() -> None:
+        async_redis = async_client(sentinel_cluster.url, retry=None, socket_timeout=2.0)
+        try:
+            await async_redis.set("k", "v")
+        finally:
+            await async_redis.aclose()
+
+    try:
+        assert client.get("k") is None  # reads go on
+        with pytest.raises(RedisConnectionError, match="the primary refuses writes: NOREPLICAS"):
+            client.set("k", "v")
+        with pytest.raises(RedisConnectionError, match="the primary refuses writes: NOREPLICAS"):
+            asyncio.run(async_write())
+    finally:
+        client.close()
