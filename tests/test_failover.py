@@ -151,9 +151,7 @@ def gateway_answers_after(gateway: Gateway, since: float, budget_s: float) -> fl
     raise AssertionError(f"the gateway did not answer within {budget_s:g} s:\n{gateway.log_text()[-3000:]}")
 
 
-async def through_a_fault(
-    fleet: Fleet, client: CountingClient, fault: Any, budget_s: float, heal: Any = None
-) -> Phase:
+async def through_a_fault(fleet: Fleet, client: CountingClient, fault: Any, budget_s: float, heal: Any = None) -> Phase:
     """Stream calls; a thousand in, `fault()` (in a thread; returns the monotonic time it struck); measure how
     long until new calls are answered, by a client and by the gateway; then `heal()`, and stream on for a
     few seconds more; then collect every acknowledged call."""
