@@ -178,7 +178,7 @@ async def through_a_fault(fleet: Fleet, client: CountingClient, fault: Any, budg
 
 def check(title: str, phase: Phase, client: CountingClient, fleet: Fleet, budget_s: float) -> None:
     """Every acknowledged call answered once: one envelope, 0; a refused one at most once; no lease judged."""
-    await_settled = [c for c in phase.refused if len(set(client.envelopes[c])) > 1]
+    refused_twice = [c for c in phase.refused if len(set(client.envelopes[c])) > 1]
     copies = Counter(len(client.envelopes[c]) for c in phase.acknowledged)
     distinct = Counter(len(set(client.envelopes[c])) for c in phase.acknowledged)
     report(
@@ -196,7 +196,7 @@ def check(title: str, phase: Phase, client: CountingClient, fleet: Fleet, budget
     assert phase.lost == [] and dict(phase.exit_codes) == {0: len(phase.acknowledged)}
     twice = [client.envelopes[c] for c in phase.acknowledged if len(set(client.envelopes[c])) > 1]
     assert dict(distinct) == {1: len(phase.acknowledged)}, f"a call was answered twice: {twice[:1]}"
-    assert await_settled == []
+    assert refused_twice == []
     assert phase.new_call_s < budget_s and phase.gateway_s < budget_s
     assert '"lease.recovered"' not in fleet.worker_logs()
 
