@@ -224,7 +224,9 @@ def _watch(service_name: str, manager: Any) -> _PrimaryWatch:
 class _Watched:
     """A pool whose connections the process's _PrimaryWatch cuts when the primary moves."""
 
-    _watch: _PrimaryWatch
+    def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
+        self._watch = _watch(service_name, sentinel_manager)
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[call-arg]
 
     def make_connection(self) -> Any:
         connection = super().make_connection()  # type: ignore[misc]
@@ -240,8 +242,7 @@ class SentinelPool(_Watched, sentinel.SentinelConnectionPool):
         # TLS as redis-py says it (ssl=True) or as kombu does (an SSL connection class)
         tls = kwargs.pop("ssl", False) or issubclass(kwargs.pop("connection_class", object), redis.SSLConnection)
         kwargs["connection_class"] = _SentinelSSLConnection if tls else _SentinelConnection
-        self._watch = _watch(service_name, sentinel_manager)
-        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        super().__init__(service_name, sentinel_manager, **kwargs)
 
     def disconnect(self, inuse_connections: bool = True) -> None:
         super().disconnect(inuse_connections)
@@ -252,8 +253,7 @@ class _AsyncSentinelPool(_Watched, aiosentinel.SentinelConnectionPool):
     def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
         tls = kwargs.pop("ssl", False)
         kwargs.setdefault("connection_class", _AsyncSentinelSSLConnection if tls else _AsyncSentinelConnection)
-        self._watch = _watch(service_name, sentinel_manager)
-        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        super().__init__(service_name, sentinel_manager, **kwargs)
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
         await super().disconnect(inuse_connections)

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
+from tests.support import waiting
 from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.support.servers import DnsServer
 from worker.client import AsyncToolClient
@@ -40,17 +41,16 @@ def redis_server_binary() -> str:
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `check` until it holds (the servers offer no event to await for role changes)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """tests/support/waiting.py's wait, where a server that does not answer (yet) means "not yet": the
+    servers offer no event to await for role changes."""
+
+    def holds() -> bool:
         try:
-            if check():
-                return
+            return check()
         except (redis.RedisError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(0.05)
+            return False
+
+    waiting.wait_until(holds, timeout_s, what)
 
 
 @dataclass
