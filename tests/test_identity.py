@@ -66,13 +66,21 @@ def test_the_access_file_names_tokens_with_tenants_and_grants(tmp_path: Path, mo
             f"""
 tokens:
   ci-bot: {{token: "${{env:CI_BOT_TOKEN}}", tenant: ci, tags: [read]}}
-  ops: {{token: "${{file:{secret}}}", tools: ["*"]}}
+  ops: {{token: "${{file:{secret}}}", tools: ["*"], grants: [operate, approve]}}
+  all-tools: {{token: all-tools-value, tools: ["*"]}}
+  approver: {{token: approver-value, grants: [approve]}}
 """,
         )
     )
     tokens = static_tokens(Settings(gateway_tokens="legacy-1,legacy-2"), access)
     assert tokens.match(b"ci-secret-value") == Principal("ci-bot", "ci", Grant(tags=frozenset({"read"})))
     assert tokens.match(b"ops-secret-value") == Principal("ops", "default", EVERYTHING)
+    all_tools = tokens.match(b"all-tools-value")
+    assert all_tools is not None and all_tools.grant.everything
+    assert not all_tools.grant.may("approve") and not all_tools.grant.may("operate")
+    approver = tokens.match(b"approver-value")
+    assert approver is not None and approver.grant.may("approve") and not approver.grant.may("operate")
+    assert not approver.grant.allows(_tool("a_read", "read"))
     assert tokens.match(b"legacy-2") == Principal("token-2", "default", EVERYTHING)
     assert tokens.match(b"ci-secret-valu") is None
 
@@ -83,6 +91,7 @@ tokens:
         ("oauth: {issuer: 'http://127.0.0.1:9', algorithms: [none]}", "algorithms"),
         ("oauth: {issuer: 'http://127.0.0.1:9', algorithms: [HS256]}", "not HS256"),
         ("tokens: {bot: {token: abc}}", "grants nothing"),
+        ("tokens: {bot: {token: abc, tools: ['*'], grants: [root]}}", "grants.0"),
         ("tokens: {bot: {token: abc, tools: ['*'], tenant: 'a b'}}", "tenant"),
         ("tokens: {bot: {token: '${env:TEST_UNSET_TOKEN}', tools: ['*']}}", "TEST_UNSET_TOKEN is not available"),
         ("oauth: {issuer: 'http://127.0.0.1:9'}", "TOOLWORKER_GATEWAY_PUBLIC_URL"),
@@ -184,7 +193,7 @@ def test_claims_name_the_principal_tenant_and_grant() -> None:
             "issuer": ISSUER,
             "principal_claim": "client_id",
             "tenant_claim": "org",
-            "scopes": {"s.read": {"tags": ["read"]}, "s.one": {"tools": ["b_write"]}},
+            "scopes": {"s.read": {"tags": ["read"]}, "s.one": {"tools": ["b_write"]}, "s.ok": {"grants": ["approve"]}},
         }
     )
     verifier = JwtVerifier(spec, AUDIENCE)
@@ -192,6 +201,8 @@ def test_claims_name_the_principal_tenant_and_grant() -> None:
     assert verifier.principal_of(claims) == Principal(
         "bot-7", "acme", Grant(frozenset({"b_write"}), frozenset({"read"}))
     )
+    approver = verifier.principal_of({"client_id": "bot-7", "scope": "s.read s.ok"})
+    assert approver.grant.may("approve") and not approver.grant.may("operate")
     assert verifier.principal_of({"client_id": "bot-8", "scp": ["s.read"]}).tenant == "default"
     with pytest.raises(Exception, match="not a tenant name"):
         verifier.principal_of({"client_id": "bot-9", "org": "a b"})

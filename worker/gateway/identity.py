@@ -10,9 +10,13 @@ surface. Without any token the gateway serves loopback only, to the `local` prin
 
     tokens:
       ci-bot: {token: "${env:CI_BOT_TOKEN}", tenant: ci, tags: [support]}
+      ops: {token: "${env:OPS_TOKEN}", tools: ["*"], grants: [operate, approve]}
     oauth:
       issuer: https://idp.example.com/
-      scopes: {tools.support: {tags: [support]}, tools.all: {tools: ["*"]}}
+      scopes: {tools.support: {tags: [support]}, tools.all: {tools: ["*"]}, ops: {grants: [approve]}}
+
+Besides tools, a grant names actions (`grants:`): `approve` decides parked calls, `operate` opens the
+console. `TOOLWORKER_GATEWAY_TOKENS` tokens and the local principal hold every action.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -34,6 +38,9 @@ from worker.definitions.templates import Env, MissingEnv, Template, TemplateSynt
 from worker.settings import Settings
 
 EVERY_TOOL = "*"
+# What a principal may do besides calling tools: decide parked calls, operate the console.
+Action = Literal["approve", "operate"]
+EVERY_ACTION: frozenset[str] = frozenset(get_args(Action))
 # The principal of a request, as the Guard found it (ASGI scopes take custom keys).
 PRINCIPAL_SCOPE_KEY = "toolworker.principal"
 # Signature algorithms an access token may use unless the access file says otherwise: asymmetric only.
@@ -47,10 +54,11 @@ class AccessFileError(ValueError):
 
 @dataclass(frozen=True)
 class Grant:
-    """What a principal may see and call: tools by name, tools by tag, or every tool (`*`)."""
+    """What a principal may see and call (tools by name, tools by tag, or every tool: `*`), and do."""
 
     tools: frozenset[str] = frozenset()
     tags: frozenset[str] = frozenset()
+    actions: frozenset[str] = frozenset()
 
     @property
     def everything(self) -> bool:
@@ -58,16 +66,19 @@ class Grant:
 
     @property
     def empty(self) -> bool:
-        return not self.tools and not self.tags
+        return not self.tools and not self.tags and not self.actions
 
     def allows(self, tool: Tool) -> bool:
         return self.everything or tool.name in self.tools or not self.tags.isdisjoint(tool.tags)
 
+    def may(self, action: Action) -> bool:
+        return action in self.actions
+
     def __or__(self, other: Grant) -> Grant:
-        return Grant(self.tools | other.tools, self.tags | other.tags)
+        return Grant(self.tools | other.tools, self.tags | other.tags, self.actions | other.actions)
 
 
-EVERYTHING = Grant(frozenset({EVERY_TOOL}))
+EVERYTHING = Grant(frozenset({EVERY_TOOL}), actions=EVERY_ACTION)
 NOTHING = Grant()
 
 
@@ -98,9 +109,10 @@ class GrantSpec(BaseModel):
 
     tags: list[str] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
+    grants: list[Action] = Field(default_factory=list)
 
     def grant(self) -> Grant:
-        return Grant(frozenset(self.tools), frozenset(self.tags))
+        return Grant(frozenset(self.tools), frozenset(self.tags), frozenset(self.grants))
 
 
 class TokenSpec(GrantSpec):
@@ -161,7 +173,7 @@ def load_access(path: Path) -> AccessFile:
         raise AccessFileError(f"{path}: {problems}") from None
     for name, spec in access.tokens.items():
         if spec.grant().empty:
-            raise AccessFileError(f"{path}: tokens.{name} grants nothing (give tags, tools, or tools: ['*'])")
+            raise AccessFileError(f"{path}: tokens.{name} grants nothing (give tags, tools, tools: ['*'] or grants)")
     return access
 
 
