@@ -40,9 +40,9 @@ def stamp(lock: Path) -> None:
     lock.write_text("\n".join([PREFIX + fingerprint(), *lines]) + "\n", encoding="utf-8")
 
 
-def problems(locks: list[Path]) -> list[str]:
+def problems(locks: list[Path], pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
     """Why each lock cannot be used as it is (missing, or made from other dependency lists)."""
-    current = fingerprint()
+    current = fingerprint(pyproject)
     found = []
     for lock in locks:
         if not lock.exists():
