@@ -106,15 +106,26 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     return found
 
 
-def cli_reference(markdown: str) -> str:
-    os.environ["COLUMNS"] = "110"  # argparse wraps help to the terminal's width: the same on every machine
-    parts = []
-    for name, parser in commands().items():
+def help_text(parser: argparse.ArgumentParser) -> str:
+    """A parser's --help at 110 columns: argparse wraps to the terminal's width, which differs by machine."""
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "110"
+    try:
         out = io.StringIO()
         with redirect_stdout(out):
             parser.print_help()
-        title = f"toolworker {name}".strip()
-        parts += [f"## {title}", "", "```text", out.getvalue().rstrip(), "```", ""]
+        return out.getvalue().rstrip()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def cli_reference(markdown: str) -> str:
+    parts = []
+    for name, parser in commands().items():
+        parts += [f"## toolworker {name}".strip(), "", "```text", help_text(parser), "```", ""]
     return "\n".join(parts)
 
 
@@ -128,14 +139,25 @@ def openapi() -> dict[str, Any]:
     return document
 
 
+def inputs(operation: dict[str, Any]) -> str:
+    """An operation's parameters (`name` (in)) and request body (the schema it names), for a table cell."""
+    found = [f"`{p['name']}` ({p['in']})" for p in operation.get("parameters", [])]
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+    if "$ref" in body:
+        name = body["$ref"].rsplit("/", 1)[-1]
+        found.append(f"body: [{name}](#{name.lower()})")
+    return ", ".join(found) or "—"
+
+
 def rest_reference(markdown: str) -> str:
     document = openapi()
-    rows = ["| operation | route | what | answers |", "|---|---|---|---|"]
+    rows = ["| route | operation | what | takes | answers |", "|---|---|---|---|---|"]
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             codes = ", ".join(sorted(operation["responses"]))
             route = f"`{method.upper()} {path}`"
-            rows.append(f"| `{operation['operationId']}` | {route} | {operation['summary']} | {codes} |")
+            what = f"`{operation['operationId']}`"
+            rows.append(f"| {route} | {what} | {operation['summary']} | {inputs(operation)} | {codes} |")
     schemas = []
     for name, schema in document["components"]["schemas"].items():
         schemas += [f"### {name}", "", "```json", json.dumps(schema, indent=2), "```", ""]

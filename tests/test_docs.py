@@ -282,6 +282,20 @@ def test_exit_codes_reference_lists_every_error() -> None:
     assert documented == {0, 22} | {cls.exit_code for cls in classes}
 
 
+def test_rest_and_cli_references_cover_the_code() -> None:
+    """The REST reference names every operation of the gateway's OpenAPI document, and the CLI reference
+    every `toolworker` command, as the site's build writes them."""
+    from scripts.docs_hooks import cli_reference, openapi, rest_reference
+
+    rest = rest_reference("")
+    for path, methods in openapi()["paths"].items():
+        for method, operation in methods.items():
+            assert f"`{method.upper()} {path}`" in rest and f"`{operation['operationId']}`" in rest
+    cli = cli_reference("")
+    assert set(re.findall(r"^## toolworker (\S+)$", cli, re.MULTILINE)) == set(_subcommands())
+    assert "usage: toolworker call" in cli
+
+
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in blocks_of("yaml", "yml")])
 def test_yaml_examples_are_valid(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every yaml block of the docs is a definitions file `toolworker validate` accepts, or a valid access file."""
