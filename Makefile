@@ -53,7 +53,7 @@ lint: install
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, a missing page or a warning.
 # scripts/docs_hooks.py writes the reference pages' generated parts (settings, CLI, the REST API's OpenAPI).
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 
 # The dashboard and alerting rules under deploy/: promtool's checks and unit tests of the alerts, and
 # every metric they name is one the worker or the gateway exports. promtool comes from Debian's

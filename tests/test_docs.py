@@ -150,6 +150,7 @@ CHECKED = (
     "r.lpush",
     "TenantQueueFull",
     "toolworker:tenants:ring",
+    'print(client.call("ticket_lookup"',
 )
 
 
@@ -280,6 +281,19 @@ def test_exit_codes_reference_lists_every_error() -> None:
         value for value in vars(errors).values() if isinstance(value, type) and issubclass(value, errors.ToolError)
     ]
     assert documented == {0, 22} | {cls.exit_code for cls in classes}
+
+
+def test_docs_build_is_strict_and_in_make_test() -> None:
+    """`make test` builds the site with `mkdocs build --strict`, without --quiet (under which mkdocs counts no
+    warning, so a broken link would pass), and mkdocs.yml turns omitted pages and broken anchors into warnings."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    [docs] = re.findall(r"^docs:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert "mkdocs build --strict" in docs and "--quiet" not in docs and " -q" not in docs
+    assert re.search(r"^test:.*\bdocs\b", makefile, re.MULTILINE)
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"theme:\s*\n\s*name: material", config)
+    for check in ("omitted_files", "anchors", "unrecognized_links"):
+        assert re.search(rf"^\s*{check}: warn$", config, re.MULTILINE), check
 
 
 def test_rest_and_cli_references_cover_the_code() -> None:
