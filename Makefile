@@ -4,15 +4,41 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run dev test test-fast lint check-deploy bench clean
+.PHONY: install lock upgrade run dev test test-fast lint docs check-deploy bench clean
+
+# Exact versions with hashes (`make lock` writes them, see docs/contributing.md): requirements.lock is the
+# runtime (the image installs it), requirements-dev.lock adds the dev and docs extras at the same versions.
+LOCK := requirements.lock
+DEV_LOCK := requirements-dev.lock
+LOCKS := $(LOCK) $(DEV_LOCK)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# pip alone installs the lock (--require-hashes: every file must match a hash), then the project without
+# its dependencies. When pyproject.toml lists dependencies the lock was not made from (a branch added one),
+# the locked versions are installed, what is missing comes unpinned on top, and it says to run `make lock`.
+$(STAMP): pyproject.toml $(LOCKS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(DEV_LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python scripts/lock.py check $(LOCKS) || $(BIN)/python -m pip install --quiet -e '.[dev,docs]'
 	touch $(STAMP)
+
+# Resolve pyproject.toml's dependencies for every platform and Python >= 3.11, keeping each locked version
+# that still fits: rerun it after a dependency is added or changed. `make upgrade` takes the newest releases
+# the bounds allow (`make upgrade PACKAGE=aiohttp`: that one only). Then `make install` and `make test`.
+UV_COMPILE = $(BIN)/uv pip compile pyproject.toml --universal --generate-hashes --python-version 3.11 \
+	--quiet --custom-compile-command "make lock" $(UPGRADE)
+
+lock:
+	test -x $(BIN)/uv || { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); $(BIN)/python -m pip install --quiet uv; }
+	$(UV_COMPILE) -o $(LOCK)
+	$(UV_COMPILE) --extra dev --extra docs -c $(LOCK) -o $(DEV_LOCK)
+	$(BIN)/python scripts/lock.py stamp $(LOCKS)
+
+upgrade:
+	$(MAKE) lock UPGRADE="$(if $(PACKAGE),--upgrade-package $(PACKAGE),--upgrade)"
 
 run: install
 	$(BIN)/toolworker dev
@@ -20,9 +46,14 @@ run: install
 dev: run
 
 lint: install
-	$(BIN)/ruff check worker tests benchmarks deploy
-	$(BIN)/ruff format --check worker tests benchmarks deploy
+	$(BIN)/ruff check worker tests benchmarks deploy scripts
+	$(BIN)/ruff format --check worker tests benchmarks deploy scripts
 	$(BIN)/mypy
+
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, a missing page or a warning.
+# scripts/docs_hooks.py writes the reference pages' generated parts (settings, CLI, the REST API's OpenAPI).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 
 # The dashboard and alerting rules under deploy/: promtool's checks and unit tests of the alerts, and
 # every metric they name is one the worker or the gateway exports. promtool comes from Debian's
@@ -49,7 +80,7 @@ OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
 $(OIDC_PROVIDER):
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
 
-test: install lint check-deploy $(OIDC_PROVIDER)
+test: install lint check-deploy docs $(OIDC_PROVIDER)
 	$(BIN)/pytest
 
 test-fast: install

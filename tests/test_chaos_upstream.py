@@ -1,4 +1,4 @@
-"""Hostile upstreams through a real worker (README, "What a worker promises"): whatever an upstream sends,
+"""Hostile upstreams through a real worker (docs/concepts/delivery.md): whatever an upstream sends,
 each call gets exactly one envelope with the right exit code and a clear message, nothing stays held,
 nothing that should not be reaches the worker's log, and the worker goes on answering.
 
@@ -170,7 +170,7 @@ def test_hostile_upstream_keeps_every_promise(chaos: Chaos, case: Case) -> None:
 
 def test_non_utf8_header_bytes_are_published_as_latin1(chaos: Chaos) -> None:
     """A Latin-1 reason phrase and a Content-Type with bytes that are not UTF-8 reach the envelope as
-    valid text, each such byte read as Latin-1 (as README, "Text from upstreams", says)."""
+    valid text, each such byte read as Latin-1 (as docs/concepts/envelope.md says)."""
     not_found = call(chaos, "hostile_get", {"case": "latin1-404"})
     assert not_found["error"]["message"].startswith("The call failed: the upstream answered HTTP 404 Não encontrado.")
     assert not_found["result"] == "not found"

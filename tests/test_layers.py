@@ -1,4 +1,4 @@
-"""The package's layering (README, "How a call flows"): each folder uses only the folders below it, no import
+"""The package's layering (docs/concepts/call-path.md): each folder uses only the folders below it, no import
 cycle, and test modules share helpers through tests/support/ only. Read from the source, imports inside
 functions included."""
 

@@ -1,4 +1,4 @@
-"""Arguments nested too deep (README, "Limits"): refused as invalid arguments (65) at every surface, with a
+"""Arguments nested too deep (docs/guides/security.md): refused as invalid arguments (65) at every surface, with a
 clear message and no traceback, through a real gateway and a real worker."""
 
 from __future__ import annotations

@@ -284,7 +284,7 @@ def test_max_queued_refuses_at_the_client_and_answers_raw_excess_with_75(fleet: 
     stream = f"test:replies:{uuid.uuid4().hex}"
     calls = [{**make_call("work", _args("small", 0), stream), "tenant": "small"} for _ in range(7)]
     with fleet.redis() as r:
-        with r.pipeline(transaction=True) as pipe:  # the README's recipe for a producer in any language
+        with r.pipeline(transaction=True) as pipe:  # docs/concepts/tenants.md's recipe for other languages
             key = scheduler.tenant_list(DEFAULT_QUEUE, "small")
             pipe.lpush(key, *task_messages(calls, DEFAULT_QUEUE, 1))
             pipe.zadd(scheduler.RING_PREFIX + DEFAULT_QUEUE, {"small": 0}, nx=True)

@@ -94,7 +94,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
 # These connections reconnect through the Sentinels there too.
 #
 # A primary cut off from its replicas (a partition: Sentinel promoted one of them meanwhile) refuses writes
-# with NOREPLICAS when the servers run with `min-replicas-to-write` (README, "High availability"). redis-py
+# with NOREPLICAS when the servers run with `min-replicas-to-write` (docs/guides/high-availability.md). redis-py
 # follows a demoted primary's READONLY to the new one; these connections follow NOREPLICAS the same way:
 # the connection is dropped and the command fails as a connection error, which the caller's retries send
 # through the Sentinels again.

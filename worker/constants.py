@@ -3,7 +3,7 @@
 TASK_EXECUTE = "toolcall.execute"
 TASK_EXECUTE_BATCH = "toolcall.execute_batch"
 DEFAULT_QUEUE = "toolcalls"
-# Who a call is for: fair share and limits are per tenant (README, "Tenants"). A call that names none,
+# Who a call is for: fair share and limits are per tenant (docs/concepts/tenants.md). A call that names none,
 # stock Celery producers and raw LPUSHes included, belongs to the default tenant.
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"

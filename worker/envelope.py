@@ -1,4 +1,4 @@
-"""The result envelope (README, "The result envelope and exit codes"): what every call ends with."""
+"""The result envelope (docs/concepts/envelope.md): what every call ends with."""
 
 from __future__ import annotations
 

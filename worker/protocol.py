@@ -2,7 +2,7 @@
 (written one call a message or in batches, read, and rewritten without a withdrawn call), and result
 metas.
 
-Anything that can LPUSH a JSON string onto a Redis list can enqueue a call; the README shows it.
+Anything that can LPUSH a JSON string onto a Redis list can enqueue a call; docs/guides/clients.md shows it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ MAX_REPLY_TO_CHARS = 512
 
 
 class ToolCall(BaseModel):
-    """The call object of a task message (README, "Enqueuing from any language"), validated at the queue."""
+    """The call object of a task message (docs/guides/clients.md), validated at the queue."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 

@@ -83,8 +83,9 @@ class SentinelCluster:
     root: Path
     servers: list[Node] = field(default_factory=list)
     sentinels: list[Node] = field(default_factory=list)
-    # With replicas, a primary takes writes only while one of them is in touch (as README advises): one cut
-    # off by a partition, promoted past, refuses them instead of taking writes the failover will discard.
+    # With replicas, a primary takes writes only while one of them is in touch (as docs/guides/high-availability.md
+    # advises): one cut off by a partition, promoted past, refuses them instead of taking writes the failover will
+    # discard.
     min_replicas_to_write: int = 0
 
     @property

@@ -1,4 +1,4 @@
-"""The generic HTTP request tool (`http_request`, alias `HttpRequestTool`; README, "Security").
+"""The generic HTTP request tool (`http_request`, alias `HttpRequestTool`; docs/guides/security.md).
 
 The model names the method, URL, body and headers itself, so every request is checked against the
 egress policy, and the tool is off until an allow-list is configured. Rendering is pure, like

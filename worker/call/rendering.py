@@ -1,6 +1,6 @@
 """Render a tool's request from its templates and the model's arguments: a pure function, no I/O.
 
-Placement rules (README, "The native format"): a path value is one percent-encoded segment; query
+Placement rules (docs/guides/definitions.md): a path value is one percent-encoded segment; query
 arrays repeat the key and entries naming an absent argument are dropped; header values may not hold CR, LF or NUL;
 a structured body keeps each `${name}` leaf's JSON type; a text body with a JSON content type gets
 JSON-escaped values; arguments no template names go to the query (GET-like) or the JSON body.

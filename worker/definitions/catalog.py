@@ -1,4 +1,4 @@
-"""The catalog (README, "Discovery"): which tools there are, their schemas, search, and exports for LLM APIs.
+"""The catalog (docs/guides/definitions.md): which tools there are, their schemas, search, and exports for LLM APIs.
 
 Pure functions over a `ToolSet`. Listing and search read only what a tool has without its input schema
 (name, method, path, description, tags, the argument names its templates use), so a spec of thousands

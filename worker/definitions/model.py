@@ -68,7 +68,7 @@ class RateLimit:
 
 @dataclass(frozen=True, slots=True)
 class Tenant:
-    """A tenant's share and limits (README, "Tenants"): `weight` while the fleet is contended, calls in
+    """A tenant's share and limits (docs/concepts/tenants.md): `weight` while the fleet is contended, calls in
     flight across the fleet, calls waiting, and a rate shared by every worker. None: no limit."""
 
     name: str

@@ -1,5 +1,4 @@
-"""The agent gateway: MCP, XAgent ToolServer and REST front ends in front of the queue (README, "Agents
-over MCP and HTTP: the gateway").
+"""The agent gateway: MCP, XAgent ToolServer and REST front ends in front of the queue (docs/guides/gateway.md).
 
     catalog.py     the tools offered: what the workers serve, optionally a tagged subset, followed per version
     calls.py       a call through the queue (AsyncToolClient), claimed by callId so a resend is not run twice

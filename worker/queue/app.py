@@ -1,4 +1,4 @@
-"""The Celery application: broker, result backend and delivery settings (README, "Delivery guarantees").
+"""The Celery application: broker, result backend and delivery settings (docs/concepts/delivery.md).
 
 Celery and kombu are extended through their hooks: the consumer and the pool are named by class path
 (`worker_consumer`, `worker_pool`). The broker transport is the exception (see `broker.register`).

@@ -1,4 +1,4 @@
-"""`kind: http` tool objects (README, "Formats accepted as they are"): one object, or a list of them, in a
+"""`kind: http` tool objects (docs/guides/definitions.md): one object, or a list of them, in a
 JSON or YAML file.
 
 Each tool is one URL: it gets an upstream of its own (`http:<name>`) whose base URL is `config.url`, so the

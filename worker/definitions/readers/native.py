@@ -1,4 +1,4 @@
-"""The native format (README, "The native format"): `upstreams:`, `tools:` and `openapi:` in YAML or JSON."""
+"""The native format (docs/guides/definitions.md): `upstreams:`, `tools:` and `openapi:` in YAML or JSON."""
 
 from __future__ import annotations
 

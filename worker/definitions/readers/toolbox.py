@@ -1,4 +1,4 @@
-"""SentinelAI's remote HTTP toolbox YAML (README, "Formats accepted as they are"), read as its
+"""SentinelAI's remote HTTP toolbox YAML (docs/guides/definitions.md), read as its
 `HttpToolReaders` reads it.
 
 The file maps an upstream name to `{url, tools}`; each tool is `{metadata, definition, transformer}` as in

@@ -1,4 +1,4 @@
-"""OpenAPI 3.x and Swagger 2.0 specs (README, "Formats accepted as they are"): one tool per operation.
+"""OpenAPI 3.x and Swagger 2.0 specs (docs/guides/definitions.md): one tool per operation.
 
 Two entry points share everything here: `openapi:` entries of native files (`read_entries`; each
 input schema is built on first use) and `import_openapi` (a native document with every schema built).
