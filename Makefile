@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run dev test test-fast lint check-deploy bench clean
+.PHONY: install run dev test test-fast lint check-deploy bench browser clean
 
 install: $(STAMP)
 
@@ -49,7 +49,16 @@ OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
 $(OIDC_PROVIDER):
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
 
-test: install lint check-deploy $(OIDC_PROVIDER)
+# A real browser for the console's tests (tests/test_console.py): Debian's chromium, driven by Playwright for
+# Python (a dev dependency) with executable_path; Playwright's own browser download is not used.
+CHROMIUM := /usr/bin/chromium
+
+browser: $(CHROMIUM)
+
+$(CHROMIUM):
+	apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+test: install lint check-deploy $(OIDC_PROVIDER) $(CHROMIUM)
 	$(BIN)/pytest
 
 test-fast: install
