@@ -3,11 +3,17 @@ driven by Playwright for Python (whose own browser download is not used)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
 from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.support.waiting import wait_until
+from worker.dev.embedded import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -50,3 +56,26 @@ def screenshot_dir() -> Path:
     directory = Path(__file__).resolve().parents[2] / ".venv" / "screenshots"
     directory.mkdir(parents=True, exist_ok=True)
     return directory
+
+
+class AsgiThread:
+    """An ASGI app on uvicorn, in a thread of this process, on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> AsgiThread:
+        self.thread.start()
+        wait_until(lambda: self.server.started, 30, "uvicorn to listen")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -52,13 +52,14 @@ class Action:
     tenant: str
     action: str  # e.g. console.sign_in, dead_letter.purge
     target: str  # what it named (a dead letter's id), or ""
+    detail: str = ""  # what the operator said (an approval's reason)
 
     def fields(self) -> dict[str, str]:
         return {k: str(v) for k, v in asdict(self).items()}
 
 
-def action(principal: str, tenant: str, name: str, target: str = "") -> Action:
-    return Action(now_iso(), principal, tenant, name, target)
+def action(principal: str, tenant: str, name: str, target: str = "", detail: str = "") -> Action:
+    return Action(now_iso(), principal, tenant, name, target, detail)
 
 
 def write_action(client: redis.Redis, entry: Action, maxlen: int) -> None:

@@ -17,25 +17,27 @@ from worker.gateway.calls import Calls
 from worker.gateway.console.gate import Gate
 from worker.gateway.console.pages import Console
 from worker.gateway.console.sessions import Sessions
+from worker.gateway.console.sources import Extensions
 from worker.gateway.identity import StaticTokens
 from worker.settings import Settings
 
-__all__ = ["Console", "open_console"]
+__all__ = ["Console", "Extensions", "open_console"]
 
 
 @asynccontextmanager
 async def open_console(
-    settings: Settings, calls: Calls, tokens: StaticTokens, tokenless: bool
+    settings: Settings, calls: Calls, tokens: StaticTokens, tokenless: bool, extensions: Extensions | None = None
 ) -> AsyncIterator[Console]:
     """The console on `settings.redis_url` (a client of its own, and a synchronous one for the figures
-    `toolworker queue` reads)."""
+    `toolworker queue` reads); `extensions`: the approvals and connections it shows, when there are."""
     redis_async = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     redis_sync = sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     gate = Gate(
         Sessions(redis_async, settings.console_session_ttl_seconds), tokens, tokenless, settings.gateway_public_url
     )
     try:
-        yield Console(calls, gate, settings.redis_url, (redis_sync, redis_async), settings.gateway_call_timeout_seconds)
+        clients = (redis_sync, redis_async)
+        yield Console(calls, gate, settings.redis_url, clients, settings.gateway_call_timeout_seconds, extensions)
     finally:
         redis_sync.close()
         await redis_async.aclose()

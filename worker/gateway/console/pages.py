@@ -37,15 +37,25 @@ from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.console.fleet import Workers, tenant_rows
 from worker.gateway.console.gate import CONSOLE_PATH, Gate, csrf_of
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, new_secret
+from worker.gateway.console.sources import Approvals, Connections, Decision, Extensions, NotWaiting
 from worker.gateway.health import FleetUnavailable
 from worker.queue.dead_letter_store import DeadLetterError, DeadLetters, NoSuchItem
 
 LOGIN = CONSOLE_PATH + "/login"
 FLEET = CONSOLE_PATH + "/fleet"
+APPROVALS = CONSOLE_PATH + "/approvals"
+CONNECTIONS = CONSOLE_PATH + "/connections"
 # The audit page shows at most this many records, of the newest AUDIT_SCAN it reads.
 AUDIT_ROWS = 200
 AUDIT_SCAN = 10_000
 SEARCH_TOP_K = 50
+DECISIONS: dict[str, Decision] = {"approve": "approve", "deny": "deny"}
+LINKS = (
+    ("Fleet", FLEET),
+    ("Catalog", "/console/catalog"),
+    ("Dead letters", "/console/dead-letters"),
+    ("Audit", "/console/audit"),
+)
 _HEADERS = {
     "Cache-Control": "no-store",
     "X-Frame-Options": "DENY",
@@ -65,6 +75,7 @@ Act = Callable[[Request, Session, FormData], Awaitable[Response]]
 
 
 def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    context.setdefault("links", LINKS)
     return HTMLResponse(_templates.get_template(name).render(**context), status_code=status, headers=_HEADERS)
 
 
@@ -80,6 +91,7 @@ class Console:
         redis_url: str,
         clients: tuple[redis.Redis, aioredis.Redis],
         call_timeout_s: float,
+        extensions: Extensions | None = None,
     ) -> None:
         self.calls = calls
         self.gate = gate
@@ -89,6 +101,10 @@ class Console:
         self._redis = redis_async
         self.dead_letters = DeadLetters(redis_async)
         self.call_timeout_s = call_timeout_s
+        self.extensions = extensions or Extensions()
+        extra = [("Approvals", APPROVALS)] if self.extensions.approvals else []
+        extra += [("Connections", CONNECTIONS)] if self.extensions.connections else []
+        self.links = (*LINKS, *extra)
 
     def routes(self) -> list[Route]:
         pages: dict[str, Page] = {
@@ -107,6 +123,11 @@ class Console:
             "/console/dead-letters/{item}/purge": self.purge,
             "/console/dead-letters/{item}/replay": self.replay,
         }
+        if self.extensions.approvals is not None:
+            pages[APPROVALS] = self.approvals
+            actions[APPROVALS + "/{call_id}"] = self.decide
+        if self.extensions.connections is not None:
+            pages[CONNECTIONS] = self.connections
         return [
             Route(LOGIN, self.login_form, methods=["GET"]),
             Route(LOGIN, self.login, methods=["POST"]),
@@ -142,11 +163,12 @@ class Console:
         return handle
 
     def _view(self, name: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
-        return render(name, status, session=session, csrf_field=CSRF_FIELD, **context)
+        return render(name, status, session=session, csrf_field=CSRF_FIELD, links=self.links, **context)
 
-    def _audit(self, session: Session, name: str, target: str = "") -> None:
+    def _audit(self, session: Session, name: str, target: str = "", detail: str = "") -> None:
         if self.calls.audit is not None:
-            self.calls.audit.record(action(session.principal.name, session.principal.tenant, name, target))
+            who = session.principal
+            self.calls.audit.record(action(who.name, who.tenant, name, target, detail))
 
     # --- signing in and out ---------------------------------------------------------------------------
 
@@ -299,6 +321,37 @@ class Console:
             return self._view("message.html", session, 409, title="Not replayed", message=str(exc))
         self._audit(session, "dead_letter.replay", item)
         return RedirectResponse(f"/console/dead-letters?replayed={item}", 303)
+
+    async def approvals(self, request: Request, session: Session) -> Response:
+        source: Approvals = self.extensions.approvals  # type: ignore[assignment]  # routed only with one
+        waiting = await source.waiting()
+        done = {k: request.query_params.get(k, "") for k in ("approve", "deny")}
+        may = session.principal.grant.may("approve")
+        return self._view("approvals.html", session, waiting=waiting, done=done, may=may, nav="Approvals")
+
+    async def decide(self, request: Request, session: Session, form: FormData) -> Response:
+        source: Approvals = self.extensions.approvals  # type: ignore[assignment]
+        call_id, asked, reason = request.path_params["call_id"], form.get("decision"), form.get("reason")
+        reason = reason.strip() if isinstance(reason, str) else ""
+        decision = DECISIONS.get(asked if isinstance(asked, str) else "")
+        if not session.principal.grant.may("approve"):
+            return refusal(403, "This principal may not decide parked calls (it needs the approve grant).", session)
+        if decision is None:
+            return self._view("message.html", session, 400, title="Bad decision", message="Approve or Deny.")
+        if decision == "deny" and not reason:
+            return self._view("message.html", session, 400, title="A reason, please", message="Say why it is denied.")
+        try:
+            await source.decide(call_id, decision, reason, session.principal)
+        except NotWaiting as exc:
+            return self._view("message.html", session, 409, title="Not waiting", message=str(exc))
+        self._audit(session, f"approval.{decision}", call_id, reason)
+        return RedirectResponse(f"{APPROVALS}?{decision}={call_id}", 303)
+
+    async def connections(self, request: Request, session: Session) -> Response:
+        source: Connections = self.extensions.connections  # type: ignore[assignment]
+        user = request.query_params.get("user", "").strip()
+        rows = await source.connections(user or None)
+        return self._view("connections.html", session, rows=rows, user=user, nav="Connections")
 
     async def _enqueue(
         self, tool: str, arguments: dict[str, Any], call_id: str, tenant: str, principal: str | None, timeout_s: float
