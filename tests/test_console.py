@@ -278,10 +278,12 @@ def test_the_fleet_page_shows_what_toolworker_queue_prints(console: ConsoleStack
 
 
 def test_the_catalog_searches_shows_a_schema_and_tries_a_call(console: ConsoleStack, page: Page) -> None:
-    """Search lists only matching tools; a tool's page shows its property descriptions; Try runs the call
-    through the gateway and shows the finished envelope."""
+    """The catalog lists what `toolworker tools` does; search lists only matching tools; a tool's page shows
+    its property descriptions; Try runs the call through the gateway and shows the finished envelope."""
     sign_in(page, console)
     page.get_by_role("link", name="Catalog").click()
+    listed = json.loads(console.cli("tools", "--format", "json").stdout)
+    assert [row[0] for row in table_rows(page)] == [tool["name"] for tool in listed]
     page.get_by_label("Search").fill("weather city forecast")
     page.get_by_label("Search").press("Enter")
     assert page.url.endswith("/console/catalog?q=weather+city+forecast")

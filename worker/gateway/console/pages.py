@@ -49,6 +49,8 @@ CONNECTIONS = CONSOLE_PATH + "/connections"
 AUDIT_ROWS = 200
 AUDIT_SCAN = 10_000
 SEARCH_TOP_K = 50
+# The dead-letter page lists the newest this many (the list keeps up to 10,000; the CLI prints them all).
+DEAD_LETTER_ROWS = 500
 DECISIONS: dict[str, Decision] = {"approve": "approve", "deny": "deny"}
 LINKS = (
     ("Fleet", FLEET),
@@ -244,7 +246,8 @@ class Console:
     async def letters(self, request: Request, session: Session) -> Response:
         items = await self.dead_letters.items()
         done = {k: request.query_params.get(k, "") for k in ("purged", "replayed")}
-        return self._view("dead_letters.html", session, items=items, done=done, nav="Dead letters")
+        context = {"items": items[:DEAD_LETTER_ROWS], "total": len(items), "done": done}
+        return self._view("dead_letters.html", session, nav="Dead letters", **context)
 
     async def letter(self, request: Request, session: Session) -> Response:
         try:
@@ -298,6 +301,8 @@ class Console:
             return self._view("message.html", session, 503, title="Unavailable", message=str(exc))
         except TenantQueueFull as exc:
             return self._view("message.html", session, 429, title="Queue full", message=exc.message)
+        if envelope is None:
+            await self.calls.hold(submitted, spec)  # its audit record says pending; GET /v1/calls/{id} finds it
         shown = json.dumps(envelope.to_dict(), indent=2, ensure_ascii=False) if envelope else ""
         context = {"tool": name, "call_id": submitted.call_id, "envelope": envelope, "shown": shown}
         return self._view("answer.html", session, nav="Catalog", **context)
