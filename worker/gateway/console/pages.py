@@ -246,7 +246,7 @@ class Console:
     async def letters(self, request: Request, session: Session) -> Response:
         items = await self.dead_letters.items()
         done = {k: request.query_params.get(k, "") for k in ("purged", "replayed")}
-        context = {"items": items[:DEAD_LETTER_ROWS], "total": len(items), "done": done}
+        context: dict[str, Any] = {"items": items[:DEAD_LETTER_ROWS], "total": len(items), "done": done}
         return self._view("dead_letters.html", session, nav="Dead letters", **context)
 
     async def letter(self, request: Request, session: Session) -> Response:
