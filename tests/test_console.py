@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import uuid
@@ -435,3 +436,14 @@ def test_screenshots_live_outside_git() -> None:
     """The folder the screenshots go to is ignored by git: they are never committed."""
     ignored = subprocess.run(["git", "check-ignore", "-q", str(screenshot_dir())], cwd=Path(__file__).parent)
     assert ignored.returncode == 0
+
+
+def test_the_console_opens_no_other_route_without_a_token(console: ConsoleStack) -> None:
+    """Only /console itself skips the bearer check: paths that merely start alike, or climb out, do not."""
+    with httpx2.Client(base_url=console.url, timeout=30) as client:
+        assert client.get("/consolex").status_code == 401
+        assert client.get("/v1/tools").status_code == 401
+    with socket.create_connection(("127.0.0.1", console.gateway.port), timeout=30) as raw:
+        raw.sendall(b"GET /console/../v1/tools HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = b"".join(iter(lambda: raw.recv(65536), b""))
+    assert answer.startswith(b"HTTP/1.1 404") and b'"tools"' not in answer
