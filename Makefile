@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock upgrade run dev test test-fast lint docs check-deploy bench clean
+.PHONY: install lock upgrade run dev test test-fast lint docs check-deploy bench browser clean
 
 # Exact versions with hashes (`make lock` writes them, see docs/contributing.md): requirements.lock is the
 # runtime (the image installs it), requirements-dev.lock adds the dev and docs extras at the same versions.
@@ -80,7 +80,16 @@ OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
 $(OIDC_PROVIDER):
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
 
-test: install lint check-deploy docs $(OIDC_PROVIDER)
+# A real browser for the console's tests (tests/test_console.py): Debian's chromium, driven by Playwright for
+# Python (a dev dependency) with executable_path; Playwright's own browser download is not used.
+CHROMIUM := /usr/bin/chromium
+
+browser: $(CHROMIUM)
+
+$(CHROMIUM):
+	apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+test: install lint check-deploy docs $(OIDC_PROVIDER) $(CHROMIUM)
 	$(BIN)/pytest
 
 test-fast: install

@@ -110,11 +110,36 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("paths", nargs="*", type=Path)
     validate.set_defaults(handler=_validate)
 
+    for register in _COMMANDS:
+        register(commands)
+    return parser
+
+
+def _audit_command(commands: Any) -> None:
     audit = commands.add_parser("audit", help="the gateway's audit trail: one JSON line per call it took")
     audit.add_argument("--principal", metavar="P", help="only this principal's calls")
     audit.add_argument("--since", metavar="T", help="from this time on: ISO 8601, or an age like 15m, 2h, 7d")
     audit.set_defaults(handler=_audit)
-    return parser
+
+
+def _dead_letters_command(commands: Any) -> None:
+    letters = commands.add_parser("dead-letters", help="messages the workers refused: list, show, replay, purge")
+    actions = letters.add_subparsers(required=True, metavar="ACTION")
+    actions.add_parser("list", help="one line per item: its N (a stable id) and reason").set_defaults(action="list")
+    for name, text in _DEAD_LETTER_ACTIONS.items():
+        one = actions.add_parser(name, help=text)
+        one.add_argument("item", metavar="N", help="the item's id, as `dead-letters list` prints it")
+        one.set_defaults(action=name)
+        if name == "purge":
+            one.add_argument("--yes", action="store_true", help="accepted for scripts (purge never asks)")
+    letters.set_defaults(handler=_dead_letters)
+
+
+_DEAD_LETTER_ACTIONS = {
+    "show": "print that item only, redacted (header names kept, values never stored)",
+    "replay": "enqueue the item's calls again with their callIds (each answered once)",
+    "purge": "remove exactly that item",
+}
 
 
 _MAX_RESTARTS = 5
@@ -376,18 +401,12 @@ def _mcp(args: argparse.Namespace) -> int:
 
 def _queue(args: argparse.Namespace) -> int:
     """`toolworker queue`: what waits and what runs, per queue and tenant, read from Redis."""
-    import dataclasses
-
-    from worker.constants import ROUTES_KEY
-    from worker.queue.scheduler import PRIORITY_SUFFIXES, snapshot
+    from worker.queue.depth import queue_rows
 
     settings = get_settings()
     _check_redis(settings)
     with sync_client(settings.redis_url) as client:
-        routed: Any = client.hvals(ROUTES_KEY)
-        named = [q.strip() for q in (args.queues or "").split(",") if q.strip()]
-        queues = named or sorted({DEFAULT_QUEUE, *(q.decode() for q in routed)})
-        rows = [dataclasses.asdict(row) for row in snapshot(client, queues, PRIORITY_SUFFIXES)]
+        rows = queue_rows(client, [q.strip() for q in (args.queues or "").split(",") if q.strip()])
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
@@ -441,6 +460,74 @@ def _audit(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    import asyncio
+
+    settings = get_settings()
+    _check_redis(settings)
+    return asyncio.run(_dead_letters_async(settings, args.action, getattr(args, "item", "")))
+
+
+async def _dead_letters_async(settings: Settings, action: str, item: str) -> int:
+    from worker.connections import async_client
+    from worker.queue.dead_letter_store import DeadLetterError, DeadLetters
+
+    redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    letters = DeadLetters(redis)
+    try:
+        if action == "list":
+            for letter in await letters.items():
+                print(f"{letter.id}  {letter.when}  {letter.reason}")
+            return 0
+        if action == "show":
+            print(json.dumps((await letters.get(item)).shown(), indent=2, ensure_ascii=False, default=str))
+            return 0
+        done = await _dead_letter_change(settings, letters, action, item)
+        print(f"{action} {item}: {done}")
+        _audit_action(settings, f"dead_letter.{action}", item)
+        return 0
+    except DeadLetterError as exc:
+        print(f"toolworker dead-letters: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await redis.aclose()
+
+
+async def _dead_letter_change(settings: Settings, letters: Any, action: str, item: str) -> str:
+    """Purge or replay one item (a replay enqueues with a client of its own)."""
+    if action == "purge":
+        await letters.purge(item)
+        return "purged"
+    from worker.client import AsyncToolClient
+
+    client = AsyncToolClient(settings.redis_url)
+
+    async def enqueue(tool: str, arguments: Any, call_id: str, tenant: str, who: str | None, timeout_s: float) -> None:
+        await client.submit_many(
+            [(tool, arguments, {})], timeout=timeout_s, call_ids=[call_id], tenant=tenant, principal=who
+        )
+
+    try:
+        done: str = await letters.replay(item, enqueue)
+    finally:
+        await client.aclose()
+    return done
+
+
+def _audit_action(settings: Settings, name: str, target: str) -> None:
+    """An operator's action from the command line, in the gateway's audit trail (`cli:<user>`)."""
+    import getpass
+
+    from worker.gateway.audit import action, write_action
+
+    with sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30) as client:
+        write_action(client, action(f"cli:{getpass.getuser()}", "default", name, target), settings.audit_stream_maxlen)
+
+
+# The commands registered apart from `_parser`'s own lines, in the order `--help` lists them.
+_COMMANDS = (_audit_command, _dead_letters_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

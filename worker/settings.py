@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     gateway_public_url: str = ""
     # Longest the audit stream (one entry per call the gateway takes) grows to; older entries are trimmed.
     audit_stream_maxlen: int = Field(1_000_000, ge=1)
+    # The operators' console (/console on the gateway): how long a signed-in session lasts without use.
+    console_session_ttl_seconds: int = Field(8 * 3600, ge=60, le=30 * 86_400)
 
     @property
     def gateway_token_list(self) -> list[str]:

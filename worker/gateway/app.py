@@ -4,6 +4,7 @@
     /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
     /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi_document.py)
     /healthz        ready when a worker answers; /metrics
+    /console        the operators' console (console/): HTML pages behind a session of its own
     /.well-known/oauth-protected-resource[/mcp]   where to get an access token (with `oauth:` access)
 
 The process keeps no state of its own between requests: calls wait on the queue and their envelopes in
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from worker.gateway import openapi_document, version
 from worker.gateway.calls import Calls, open_calls
+from worker.gateway.console import open_console
 from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
@@ -93,12 +95,15 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with open_calls(settings, options.tags) as calls:
+        async with (
+            open_calls(settings, options.tags) as calls,
+            open_console(settings, calls, keeper.tokens, not keeper.required) as console,
+        ):
             front = McpFront(calls, options.mode, settings.gateway_page_size, settings.gateway_call_timeout_seconds)
             server = front.server()
             late.mcp = _transport(server, settings, json_response=True)
             late.streaming = _transport(server, settings, json_response=False)
-            for route in _routes(calls, settings):
+            for route in [*_routes(calls, settings), *console.routes()]:
                 app.router.routes.append(route)
             await calls.health.status()  # the first ping (and its imports) before the first request
             settle_heap()  # as the worker does: the start-up heap out of the collector's way

@@ -5,6 +5,9 @@ when the gateway answered before the call did) and how long the gateway waited. 
 header or token. Records written in the same loop tick share one round trip (XADD with MAXLEN ~, so the
 stream stays near TOOLWORKER_AUDIT_STREAM_MAXLEN); a Redis that fails the write costs a log line, never
 the call's answer. `toolworker audit` reads the stream back.
+
+What an operator does (the console's sign-in, sign-out, purge and replay; the CLI's dead-letters purge
+and replay) is recorded in the same stream as an Action: when, who, the action and what it named.
 """
 
 from __future__ import annotations
@@ -42,15 +45,38 @@ class Record:
         return {k: "pending" if v is None else str(v) for k, v in asdict(self).items()}
 
 
+@dataclass(frozen=True)
+class Action:
+    time: str
+    principal: str
+    tenant: str
+    action: str  # e.g. console.sign_in, dead_letter.purge
+    target: str  # what it named (a dead letter's id), or ""
+    detail: str = ""  # what the operator said (an approval's reason)
+
+    def fields(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items()}
+
+
+def action(principal: str, tenant: str, name: str, target: str = "", detail: str = "") -> Action:
+    return Action(now_iso(), principal, tenant, name, target, detail)
+
+
+def write_action(client: redis.Redis, entry: Action, maxlen: int) -> None:
+    """An action's record, written at once (the CLI)."""
+    log.info("operator.action", **asdict(entry))
+    client.xadd(AUDIT_STREAM_KEY, entry.fields(), maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
+
+
 class AuditTrail:
     def __init__(self, client: aioredis.Redis, maxlen: int) -> None:
         self._client = client
         self._maxlen = maxlen
-        self._pending: list[Record] = []
+        self._pending: list[Record | Action] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    def record(self, entry: Record) -> None:
-        log.info("gateway.call", **asdict(entry))
+    def record(self, entry: Record | Action) -> None:
+        log.info("gateway.call" if isinstance(entry, Record) else "operator.action", **asdict(entry))
         self._pending.append(entry)
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())

@@ -87,7 +87,7 @@ class Calls:
         self.health = health
         self._redis = redis
         self._claims = Claims(redis, claim_ttl_s)
-        self._audit = audit
+        self.audit = audit
 
     def visible(self, principal: Principal) -> Snapshot:
         """The catalog as `principal` sees it: the tools its grant allows, nothing else."""
@@ -159,13 +159,13 @@ class Calls:
 
     def _record(self, submitted: Submitted, exit_code: int | None) -> None:
         """The call's audit record, once: when its envelope comes, or when the client is told to come back."""
-        if self._audit is None or not submitted.enqueued:
+        if self.audit is None or not submitted.enqueued:
             return
         who, waited_ms = submitted.principal, round((time.perf_counter() - submitted.started_s) * 1000, 3)
         record = Record(
             submitted.taken_at, who.name, who.tenant, submitted.tool.name, submitted.call_id, exit_code, waited_ms
         )
-        self._audit.record(record)
+        self.audit.record(record)
 
     async def tool_of(self, call_id: str, principal: Principal = LOCAL) -> str | None:
         """The tool of a call the gateway enqueued (within the result TTL) that `principal` may see, else None."""

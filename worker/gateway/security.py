@@ -6,7 +6,8 @@ body caps.
   the routes. A 401 says where to get a token (`WWW-Authenticate: Bearer resource_metadata=...`, RFC 9728,
   with `error="invalid_token"` when one was given); a valid access token whose scopes grant no tool is a
   403 `insufficient_scope`. Without tokens the gateway serves loopback only (app.py binds it so);
-  `/healthz` and the Protected Resource Metadata need no token.
+  `/healthz` and the Protected Resource Metadata need no token; nor does `/console`, whose pages check a
+  session of their own (gateway/console/gate.py).
 - A browser page may reach `/mcp` only from an allowed Origin (DNS rebinding, drive-by pages); a
   request without Origin (not a browser) passes.
 - A body larger than `TOOLWORKER_GATEWAY_MAX_BODY_BYTES` is refused (413) before any route reads it.
@@ -25,6 +26,8 @@ from worker.gateway.identity import PRINCIPAL_SCOPE_KEY, Principal, StaticTokens
 from worker.gateway.oauth import WELL_KNOWN_RESOURCE_PATH, InvalidToken, IssuerUnavailable, JwtVerifier
 
 OPEN_PATHS = frozenset({"/healthz"})
+# The operators' console signs its users in with a session of its own (gateway/console/): no bearer token.
+CONSOLE_PREFIX = "/console"
 # The request body, as the Guard read it, for the /mcp endpoint to look at (ASGI scopes take custom keys).
 BODY_SCOPE_KEY = "toolworker.body"
 LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
@@ -144,6 +147,8 @@ class Guard:
         """The request's principal into its scope; a refusal when it has none and needs one."""
         path: str = scope["path"]
         if not self.gatekeeper.required or path in OPEN_PATHS or path.startswith(WELL_KNOWN_RESOURCE_PATH):
+            return None
+        if path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/"):
             return None
         admitted = await self.gatekeeper.admit(dict(scope["headers"]).get(b"authorization", b""))
         if isinstance(admitted, Refusal):

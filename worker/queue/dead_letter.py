@@ -4,6 +4,10 @@ What a dead letter keeps of a message: its size and SHA-256 always; of a transpo
 with Celery's fields) its redacted form too, the body decoded and every `headers` value hidden; nothing
 of an item that is not one (not JSON, a JSON array, string or null: it may be anything, a secret
 included), nor of one over TOOLWORKER_MAX_MESSAGE_BYTES, which is never decoded at all.
+
+Each record has a stable `id` (records written before it had one are named by their digest, see
+dead_letter_store.py), and, when the message held calls, `calls`: each call's tool, arguments, callId,
+tenant and principal, and its header names (never their values), for an operator to replay it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -35,6 +40,8 @@ _REPLY_TO = re.compile(r'"replyTo"\s*:\s*"([^"\\]{1,512})"')
 _TASK_ID_IN_MESSAGE = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')
 _REPLY_TO_IN_BODY = re.compile(rb'\\"replyTo\\"\s*:\s*\\"([^"\\]{1,512})\\"')
 _OVERSIZE_SCAN_BYTES = 4096
+# What a dead letter keeps of each call it holds, to replay it (headers: their names only).
+_REPLAYED_FIELDS = ("callId", "tool", "arguments", "tenant", "principal", "timeoutSeconds", "replyTo")
 _SHOWN_DEPTH = 32
 _REPLY_TO_SCAN_CHARS = 1 << 20
 # These run on Celery's consumer thread: a Redis that does not answer may hold it this long at most.
@@ -61,21 +68,24 @@ def dead_letter(reason: str, exc: Exception | None, body: Any) -> None:
     raw = body if isinstance(body, bytes | str) else json.dumps(body, default=str)
     data = raw.encode() if isinstance(raw, str) else raw
     try:
-        shown = redacted_repr(_hidden(json.loads(data)))
+        decoded = json.loads(data)
     except (ValueError, RecursionError):
-        shown = None  # not JSON (or too deeply nested to read): keep only its size and digest
-    _record(reason, exc, data, shown)
+        _record(reason, exc, data, None)  # not JSON (or too deeply nested to read): its size and digest only
+        return
+    _record(reason, exc, data, redacted_repr(_hidden(decoded)), replayable(decoded))
 
 
 def refuse_item(reason: str, item: bytes, payload: Any) -> None:
     """Record a queue item that is not a transport message (`payload`: the item decoded, None if it is not
     JSON) and answer the calls it names (65), when it is an object whose body can be read."""
     view = _transport_view(payload) if isinstance(payload, dict) else None
-    _record(reason, None, item, redacted_repr(_hidden(view)) if view is not None else None)
-    if view is not None:
-        error = InvalidArguments("The tool call message is not a Celery message (no `properties` or `headers`).")
-        for call_id, reply_to in _named_calls(view):
-            _answer(call_id, reply_to, error)
+    if view is None:
+        _record(reason, None, item, None)
+        return
+    _record(reason, None, item, redacted_repr(_hidden(view)), replayable(view.get("body")))
+    error = InvalidArguments("The tool call message is not a Celery message (no `properties` or `headers`).")
+    for call_id, reply_to in _named_calls(view):
+        _answer(call_id, reply_to, error)
 
 
 def refuse_oversize(item: bytes, limit_bytes: int) -> None:
@@ -91,8 +101,11 @@ def refuse_oversize(item: bytes, limit_bytes: int) -> None:
         _answer(task_ids.pop().decode("utf-8", "replace"), stream, InvalidArguments(message))
 
 
-def _record(reason: str, exc: Exception | None, data: bytes, shown: str | None) -> None:
-    entry = {
+def _record(
+    reason: str, exc: Exception | None, data: bytes, shown: str | None, calls: list[dict[str, Any]] | None = None
+) -> None:
+    entry: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
         "reason": reason,
         "error": str(exc)[:500] if exc else None,
         "body": shown,
@@ -100,10 +113,16 @@ def _record(reason: str, exc: Exception | None, data: bytes, shown: str | None) 
         "sha256": hashlib.sha256(data).hexdigest(),
         "at": time.time(),
     }
+    if calls:
+        entry["calls"] = calls
     log.warning("message.dead_lettered", reason=reason, sha256=entry["sha256"])
     try:
+        text = json.dumps(entry, default=str)
+    except (ValueError, RecursionError):  # arguments nested past what JSON writes: kept without its calls
+        text = json.dumps({**entry, "calls": None})
+    try:
         with _redis().pipeline() as pipe:
-            pipe.lpush(DEAD_LETTER_KEY, json.dumps(entry))
+            pipe.lpush(DEAD_LETTER_KEY, text)
             pipe.ltrim(DEAD_LETTER_KEY, 0, DEAD_LETTER_MAX - 1)
             pipe.execute()
     except redis.RedisError as error:
@@ -125,6 +144,22 @@ def _hidden(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list):
         return [_hidden(item, depth + 1) for item in value]
     return value
+
+
+def replayable(body: Any) -> list[dict[str, Any]]:
+    """The calls a Celery body (`[args, kwargs, embed]`) holds, as a replay needs them: header names only."""
+    if not (isinstance(body, list) and body and isinstance(body[0], list) and body[0]):
+        return []
+    first = body[0][0]
+    calls = first if isinstance(first, list) else [first]
+    return [_replayable_call(call) for call in calls if isinstance(call, dict) and isinstance(call.get("tool"), str)]
+
+
+def _replayable_call(call: dict[str, Any]) -> dict[str, Any]:
+    kept = {key: call[key] for key in _REPLAYED_FIELDS if key in call}
+    headers = call.get("headers")
+    kept["headerNames"] = sorted(map(str, headers)) if isinstance(headers, dict) else []
+    return kept
 
 
 def _transport_view(payload: dict[str, Any]) -> dict[str, Any]:

@@ -13,20 +13,30 @@ tenant label takes the tenants the definitions list (and `default`); every other
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import redis
 import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.constants import DEFAULT_TENANT
+from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, ROUTES_KEY
 from worker.queue import scheduler
 from worker.queue.leases import INFLIGHT_PREFIX
 
 log = structlog.get_logger("toolworker.metrics")
 OTHER_TENANTS = "other"  # the label of every tenant the definitions do not list
+
+
+def queue_rows(client: redis.Redis, queues: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Per queue and tenant: messages waiting, calls queued and in flight (`toolworker queue`, the console's
+    fleet page). Queues: those named, else toolcalls and every routed queue."""
+    routed: Any = client.hvals(ROUTES_KEY)
+    chosen = list(queues) or sorted({DEFAULT_QUEUE, *(q.decode() for q in routed)})
+    return [dataclasses.asdict(row) for row in scheduler.snapshot(client, chosen, scheduler.PRIORITY_SUFFIXES)]
 
 
 class QueueDepth(Collector):

@@ -43,6 +43,21 @@ def check(redis_url: str, timeout_s: float = 5.0, node: str | None = None) -> tu
     return True, f"{answered[0]} answered a ping on {where}"
 
 
+def nodes(redis_url: str, timeout_s: float = 1.0) -> list[str]:
+    """The Celery node names of the workers that answer a ping within `timeout_s` (every one: it waits the
+    whole time); raises RuntimeError saying why when the broker cannot be reached."""
+    probe = _probe_app(redis_url, timeout_s)
+    try:
+        with probe.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=0)
+            replies = probe.control.ping(timeout=timeout_s, connection=connection)
+    except _UNREACHABLE as exc:
+        raise RuntimeError(f"cannot reach the broker at {mask_url(redis_url)}: {_one_line(exc)}") from None
+    finally:
+        probe.close()
+    return sorted(name for reply in replies for name in reply)
+
+
 def _probe_app(redis_url: str, timeout_s: float) -> Celery:
     """An app on `redis_url` that speaks the worker's control protocol.
 

@@ -1,0 +1,43 @@
+"""The operators' console: `/console` on the gateway, server-rendered HTML that works without JavaScript.
+
+Signed in with a gateway static token whose principal may `operate` (sessions.py, gate.py); pages for
+the fleet, the catalog (and trying a tool), dead letters (inspect, purge, replay) and the audit trail
+(pages.py, templates/). Every change is a CSRF-checked POST from the gateway's own origin, and is in the
+audit trail. The console lives outside `/v1` (it is not part of the REST API or its OpenAPI document);
+the Guard lets `/console` through without a bearer token: the console's own session stands in for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from worker.connections import async_client, sync_client
+from worker.gateway.calls import Calls
+from worker.gateway.console.gate import Gate
+from worker.gateway.console.pages import Console
+from worker.gateway.console.sessions import Sessions
+from worker.gateway.console.sources import Extensions
+from worker.gateway.identity import StaticTokens
+from worker.settings import Settings
+
+__all__ = ["Console", "Extensions", "open_console"]
+
+
+@asynccontextmanager
+async def open_console(
+    settings: Settings, calls: Calls, tokens: StaticTokens, tokenless: bool, extensions: Extensions | None = None
+) -> AsyncIterator[Console]:
+    """The console on `settings.redis_url` (a client of its own, and a synchronous one for the figures
+    `toolworker queue` reads); `extensions`: the approvals and connections it shows, when there are."""
+    redis_async = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    redis_sync = sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    gate = Gate(
+        Sessions(redis_async, settings.console_session_ttl_seconds), tokens, tokenless, settings.gateway_public_url
+    )
+    try:
+        clients = (redis_sync, redis_async)
+        yield Console(calls, gate, settings.redis_url, clients, settings.gateway_call_timeout_seconds, extensions)
+    finally:
+        redis_sync.close()
+        await redis_async.aclose()

@@ -1,0 +1,59 @@
+"""What the console shows of features that keep their own state: calls waiting for approval, and users'
+connections (their tokens in the vault). Each is a small protocol the feature implements; the console
+shows its page, and its link in the nav, only when it is given one (`Extensions`).
+
+    approvals    waiting() -> the calls parked for a decision; decide(callId, approve|deny, reason, principal)
+    connections  connections(user) -> a user's connections (every user's when None): never a token
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from worker.gateway.identity import Principal
+
+Decision = Literal["approve", "deny"]
+
+
+@dataclass(frozen=True)
+class WaitingCall:
+    call_id: str
+    tool: str
+    principal: str
+    tenant: str
+    since: str  # when it was parked (UTC, ISO 8601)
+    why: str = ""  # what the policy that parked it says
+
+
+class NotWaiting(LookupError):
+    """The call is not waiting (decided already, expired, or never parked)."""
+
+
+class Approvals(Protocol):
+    async def waiting(self) -> list[WaitingCall]: ...
+
+    async def decide(self, call_id: str, decision: Decision, reason: str, principal: Principal) -> None:
+        """Approve or deny a parked call; raises NotWaiting."""
+        ...
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A user's connection to an upstream, as an operator may see it: no token, no secret."""
+
+    user: str
+    upstream: str
+    scopes: tuple[str, ...] = ()
+    status: str = ""  # e.g. connected, expired, revoked
+    expires_at: str = ""
+
+
+class Connections(Protocol):
+    async def connections(self, user: str | None) -> list[Connection]: ...
+
+
+@dataclass(frozen=True)
+class Extensions:
+    approvals: Approvals | None = None
+    connections: Connections | None = None
