@@ -49,8 +49,11 @@ class EmbeddedRedis:
         argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
         argv += ["--save", "", "--maxmemory-policy", "noeviction", "--protected-mode", "yes"]
         argv += ["--appendonly", "yes" if self.persistent else "no", "--appendfsync", "everysec"]
-        with (self.directory / "server.log").open("ab") as log:  # the child keeps its own descriptor
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        # A session of its own: a terminal's Ctrl-C must not stop the server before the processes that use it
+        # (they would retry a dead Redis while they stop); its owner stops it last. The child keeps its own log
+        # descriptor.
+        with (self.directory / "server.log").open("ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(timeout_s)
         return self
 
