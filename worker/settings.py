@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     gateway_public_url: str = ""
     # Longest the audit stream (one entry per call the gateway takes) grows to; older entries are trimmed.
     audit_stream_maxlen: int = Field(1_000_000, ge=1)
+    # How long a parked call waits for a human's decision before it is answered as expired (exit 75).
+    approval_ttl_seconds: int = Field(3600, ge=1, le=30 * 86_400)
 
     @property
     def gateway_token_list(self) -> list[str]:

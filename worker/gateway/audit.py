@@ -1,4 +1,5 @@
-"""The audit trail: one record per call the gateway takes, in a capped Redis stream and in the logs.
+"""The audit trail: one record per call the gateway takes, and one per decision on a call parked for
+approval (who decided, approve or deny, the reason), in a capped Redis stream and in the logs.
 
 A record says when, who (principal, tenant), which tool, the callId, how it ended (exitCode; `pending`
 when the gateway answered before the call did) and how long the gateway waited. It holds no argument,
@@ -42,15 +43,31 @@ class Record:
         return {k: "pending" if v is None else str(v) for k, v in asdict(self).items()}
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A human's decision on a call that needed approval (REST, the CLI, or asked through MCP)."""
+
+    time: str
+    principal: str  # who decided
+    tenant: str  # the decider's
+    tool: str
+    callId: str
+    decision: str  # approve | deny
+    reason: str
+
+    def fields(self) -> dict[str, str]:
+        return asdict(self)
+
+
 class AuditTrail:
     def __init__(self, client: aioredis.Redis, maxlen: int) -> None:
         self._client = client
         self._maxlen = maxlen
-        self._pending: list[Record] = []
+        self._pending: list[Record | Decision] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    def record(self, entry: Record) -> None:
-        log.info("gateway.call", **asdict(entry))
+    def record(self, entry: Record | Decision) -> None:
+        log.info("gateway.call" if isinstance(entry, Record) else "gateway.decision", **asdict(entry))
         self._pending.append(entry)
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
