@@ -239,7 +239,7 @@ async def decide(
 ) -> ParkedCall:
     """Approve (back onto its queue, to run once) or deny (answered 77) a parked call; raises NotParked."""
     key = approval_key(call_id)
-    verdict: dict[str | bytes, str] = {
+    verdict: dict[str, str] = {
         "state": APPROVED if decision == "approve" else DENIED,
         "decidedBy": by,
         "reason": reason,
