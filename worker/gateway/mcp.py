@@ -66,8 +66,9 @@ INSTRUCTIONS = (
 # The key of the approval question among a request's input requests (2026-07-28).
 APPROVAL_INPUT_KEY = "toolworker/approval"
 HOW_TO_APPROVE = (
-    "The tool {tool} needs a human's approval before it runs, and this MCP client cannot ask (it declared "
-    "no elicitation). Nothing was sent. Use a client that supports elicitation, or make the call through "
+    "The tool {tool} needs a human's approval before it runs, and this client cannot be asked here (asking "
+    "takes elicitation: a 2026-07-28 client that declares it, or an earlier one on stdio, since this HTTP "
+    "endpoint keeps no session). Nothing was sent. Use such a client, or make the call through "
     "REST (POST /v1/calls): it is parked until a principal with the `approve` grant approves it "
     "(POST /v1/approvals/{{callId}}, or `toolworker approvals approve`)."
 )
