@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,11 @@ from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from tests.support.waiting import wait_until
 from worker.client import ToolClient
-from worker.constants import AUDIT_STREAM_KEY
+from worker.constants import AUDIT_STREAM_KEY, DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
 from worker.gateway.mcp import CALL_META_KEY
+from worker.protocol import task_message
+from worker.queue.scheduler import IN_FLIGHT_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 DEFINITIONS = FIXTURES / "approvals"
@@ -41,7 +44,7 @@ tokens:
   ops: {token: "${env:TEST_OPS_TOKEN}", tools: ["*"], grants: [approve]}
   bot: {token: "${env:TEST_BOT_TOKEN}", tools: ["*"]}
 """
-MODES = ["legacy", "auto"]  # the initialize handshake, and 2026-07-28
+BRIEF_TTL_S = 2
 
 
 @dataclass
@@ -52,6 +55,7 @@ class ApprovalStack:
     worker_env: dict[str, str]
     directory: Path
     worker: subprocess.Popen[bytes]
+    brief_worker: subprocess.Popen[bytes]
 
     @property
     def url(self) -> str:
@@ -71,6 +75,8 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
     upstream = ServerThread(make_upstream(state)).start()
     env = worker_env(server.url, upstream.url, dns_server.address, DEFINITIONS)
     worker = start_worker(env, directory / "worker.log")
+    brief_env = {**env, "TOOLWORKER_APPROVAL_TTL_SECONDS": str(BRIEF_TTL_S)}
+    brief_worker = start_worker(brief_env, directory / "brief-worker.log", "-Q", "approvals-brief")
     access = directory / "access.yaml"
     access.write_text(ACCESS)
     extra = {"TOOLWORKER_GATEWAY_ACCESS": str(access), "TEST_OPS_TOKEN": OPS_TOKEN, "TEST_BOT_TOKEN": BOT_TOKEN}
@@ -78,7 +84,7 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         gateway = start_gateway(gateway_env(server.url, DEFINITIONS, **extra), directory / "gateway.log")
         wait_listening(gateway, ready=True)
-        handle = ApprovalStack(server, state, gateway, env, directory, worker)
+        handle = ApprovalStack(server, state, gateway, env, directory, worker, brief_worker)
         yield handle
         gateway = handle.gateway
         worker = handle.worker
@@ -86,6 +92,7 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
         if gateway is not None:
             gateway.stop()
         stop_worker(worker)
+        stop_worker(brief_worker)
         upstream.stop()
         server.stop()
 
@@ -208,6 +215,58 @@ def test_bad_decision_bodies_are_422(stack: ApprovalStack) -> None:
     for body in ({"decision": "maybe"}, {"decision": "approve", "extra": 1}, {}):
         answer = httpx2.post(f"{stack.url}/v1/approvals/x", json=body, headers=auth(OPS_TOKEN), timeout=30)
         assert answer.status_code == 422 and answer.json()["error"]["type"] == "invalid_request"
+
+
+def test_unanswered_call_expires_with_75(stack: ApprovalStack) -> None:
+    """Nobody decides within TOOLWORKER_APPROVAL_TTL_SECONDS: the call is answered 75, never sent, no longer
+    listed, and can no longer be approved."""
+    name = item()
+    call_id = rest_call(stack, "brief_item", name).json()["callId"]
+    result = envelope(stack, call_id)
+    assert result["exitCode"] == 75 and result["error"]["type"] == "approval_expired"
+    assert call_id not in listed(stack)
+    late = decide(stack, call_id, "approve")
+    assert late.status_code == 409 and late.json()["error"]["state"] == "expired"
+    assert stack.hits(f"/echo/brief/{name}") == 0
+
+
+def test_deciders_at_once_run_the_call_once(stack: ApprovalStack) -> None:
+    """Eight approvals sent at once (double clicks, several operators): one is taken, the others are 409;
+    the call runs once."""
+    name = item()
+    call_id = rest_call(stack, "delete_item", name).json()["callId"]
+    wait_parked(stack, call_id)
+    with ThreadPoolExecutor(8) as pool:
+        codes = sorted(pool.map(lambda _: decide(stack, call_id, "approve").status_code, range(8)))
+    assert codes == [200] + [409] * 7
+    assert envelope(stack, call_id)["exitCode"] == 0
+    assert stack.hits(f"/echo/delete/{name}") == 1
+
+
+def test_an_approved_call_delivered_again_is_not_sent_again(stack: ApprovalStack) -> None:
+    """The message of a call that an approval already ran, pushed again (as a lost worker's comes back),
+    is not sent to the upstream a second time."""
+    name = item()
+    call_id = rest_call(stack, "delete_item", name).json()["callId"]
+    wait_parked(stack, call_id)
+    assert decide(stack, call_id, "approve").status_code == 200
+    assert envelope(stack, call_id)["exitCode"] == 0
+    client = redis.Redis.from_url(stack.redis.url)
+    try:
+        client.lpush(
+            DEFAULT_QUEUE,
+            task_message(
+                call_id, [{"callId": call_id, "tool": "delete_item", "arguments": {"item": name}}], DEFAULT_QUEUE
+            ),
+        )
+        wait_until(
+            lambda: client.llen(DEFAULT_QUEUE) == 0 and int(client.hget(IN_FLIGHT_KEY, "default") or 0) == 0,
+            30,
+            "the message taken and settled",
+        )
+    finally:
+        client.close()
+    assert stack.hits(f"/echo/delete/{name}") == 1
 
 
 # --- queue producers and the command line ------------------------------------------------------------
