@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import gateway, identity, pipeline, replicas, tenants, tracing
+from benchmarks import approvals, gateway, identity, pipeline, replicas, tenants, tracing
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -91,6 +91,8 @@ class Sizes:
 
 FULL = Sizes(5000, 2000, 2000, 10.0, 200, 1200, 1000.0, 32)
 TRACING_ROUNDS = 3
+# Calls a round of the approval rows (one at a time: a p50 of fewer is mostly the machine's noise).
+APPROVAL_CALLS = 1000
 TENANTS_ROUNDS = 3
 TENANTS_BURST = 3000  # the head-of-line burst of the issue (tenant A's calls)
 TENANTS_QUICK_BURST = 500
@@ -516,6 +518,7 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
     only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only or args.replicas_only
+    only = only or args.approvals_only
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
         if not only:
@@ -543,6 +546,10 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
             print("tenants: the fair take against the take before tenants", file=sys.stderr, flush=True)
             rounds, burst = (1, TENANTS_QUICK_BURST) if args.quick else (TENANTS_ROUNDS, TENANTS_BURST)
             results["tenants"] = tenants.run(server.url, sizes.calls, rounds, burst, args.tenants_reference_tree)
+        if not only or args.approvals_only:
+            print("approvals: the check on calls that need none", file=sys.stderr, flush=True)
+            rounds = 1 if args.quick else TRACING_ROUNDS
+            results["approvals"] = approvals.run(server.url, max(sizes.light_calls, APPROVAL_CALLS), rounds)
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -563,6 +570,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
+    parser.add_argument("--approvals-only", action="store_true", help="only the approval check's rows (a minute)")
     parser.add_argument(
         "--tenants-reference-tree",
         type=Path,
@@ -599,6 +607,8 @@ def main(argv: list[str] | None = None) -> None:
         tenants.print_section(results["tenants"])
     if results.get("replicas"):
         replicas.print_section(results["replicas"])
+    if results.get("approvals"):
+        approvals.print_section(results["approvals"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:
