@@ -183,6 +183,8 @@ def test_rest_call_is_parked_until_approved_then_runs_once(stack: ApprovalStack)
     decisions = [r for r in audit_records(stack) if r.get("callId") == call_id and r.get("decision")]
     assert [(r["principal"], r["decision"], r["reason"]) for r in decisions] == [("ops", "approve", "checked")]
     assert all(USER_SECRET not in json.dumps(r) for r in audit_records(stack))
+    assert USER_SECRET not in stack.gateway.log_text()
+    assert USER_SECRET not in (stack.directory / "worker.log").read_text(errors="replace")
 
 
 def test_denied_call_is_answered_77_with_the_reason(stack: ApprovalStack) -> None:
