@@ -4,12 +4,14 @@ definition, and the guide's definitions example is valid."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from worker.definitions import file_store
 from worker.definitions.model import ToolSet, needs_approval
+from worker.queue.approvals import resumed
 
 GUIDE = Path(__file__).parent.parent / "docs" / "guides" / "approvals.md"
 RULES = """
@@ -68,6 +70,17 @@ def test_a_bad_approval_setting_is_a_problem(tmp_path: Path, setting: str, compl
     toolset = load(tmp_path, text)
     assert "u" not in toolset.upstreams
     assert any(complaint in str(problem) for problem in toolset.problems), toolset.problems
+
+
+def test_an_approved_call_gets_its_budget_again() -> None:
+    """Time spent parked does not count: the deadline goes, the timeout (or what the deadline left when
+    the call was parked) starts again from the approval."""
+    parked_at = datetime(2026, 1, 1, 12, 0, tzinfo=UTC).timestamp()
+    with_timeout = resumed({"tool": "t", "timeoutSeconds": 20, "deadline": "2026-01-01T12:00:20+00:00"}, parked_at)
+    assert with_timeout == {"tool": "t", "timeoutSeconds": 20}
+    assert resumed({"tool": "t", "deadline": "2026-01-01T12:00:30Z"}, parked_at)["timeoutSeconds"] == 30
+    assert resumed({"tool": "t", "deadline": "2026-01-01T12:01:00"}, parked_at)["timeoutSeconds"] == 60
+    assert resumed({"tool": "t"}, parked_at) == {"tool": "t"}
 
 
 def test_the_guide_definitions_are_valid(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ import structlog
 from worker import errors
 from worker.call.admission import call_deadline, validate_arguments
 from worker.call.runtime import Runtime
-from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, REDACTED
+from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, MAX_CALL_TIMEOUT_S, REDACTED
 from worker.definitions.model import Tool, Upstream, needs_approval
 from worker.definitions.templates import Arg
 from worker.envelope import ToolResult
@@ -269,11 +269,22 @@ async def decide(
 def _requeue(pipe: Any, parked: ParkedCall) -> None:
     """Push the call back onto its tenant's list (as a fresh message), in the decision's transaction."""
     queue, tenant = parked.fields.get("queue") or DEFAULT_QUEUE, parked.fields.get("tenant") or ""
-    message = task_message(parked.call_id, [parked.call], queue)
+    message = task_message(parked.call_id, [resumed(parked.call, float(parked.fields.get("since") or 0))], queue)
     source = scheduler.tenant_list(queue, tenant or DEFAULT_TENANT)
     pipe.zrem(APPROVALS_KEY, parked.call_id)
     pipe.lpush(source, message)
     scheduler.requeued(pipe, source, message.encode(), in_flight=False)
+
+
+def resumed(call: dict[str, Any], parked_at: float) -> dict[str, Any]:
+    """The call as it goes back to its queue: its time does not run while it waits for a human. Its
+    deadline goes; the budget it had when parked (timeoutSeconds, or what the deadline left) starts again."""
+    deadline = call.pop("deadline", None)
+    if deadline is not None and "timeoutSeconds" not in call:
+        at = datetime.fromisoformat(str(deadline).replace("Z", "+00:00"))
+        left_s = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() - parked_at
+        call["timeoutSeconds"] = min(MAX_CALL_TIMEOUT_S, max(1.0, left_s))
+    return call
 
 
 async def settle(client: aioredis.Redis, publisher: Publisher, call_id: str) -> str | None:
