@@ -187,6 +187,25 @@ def test_rest_call_is_parked_until_approved_then_runs_once(stack: ApprovalStack)
     assert USER_SECRET not in (stack.directory / "worker.log").read_text(errors="replace")
 
 
+def test_batch_and_toolserver_calls_are_parked_too(stack: ApprovalStack) -> None:
+    """In a batch, the call that needs approval is `awaiting_approval` while the other is answered; a
+    ToolServer call answers at once that it waits; neither parked call is sent."""
+    name = item()
+    calls = [{"tool": "read_item", "arguments": {"item": name}}, {"tool": "delete_item", "arguments": {"item": name}}]
+    batch = httpx2.post(stack.url + "/v1/batches", json={"calls": calls}, headers=auth(), timeout=60).json()
+    assert batch["results"][0]["exitCode"] == 0 and batch["results"][1]["status"] == "awaiting_approval"
+    body = {"tool_name": "peek_item", "arguments": {"item": name}}
+    toolserver = httpx2.post(f"{stack.url}/toolserver/execute_tool", json=body, headers=auth(), timeout=60)
+    assert toolserver.status_code == 450 and "approval" in toolserver.json()["detail"]
+    wait_parked(stack, batch["results"][1]["callId"])
+
+    def mine() -> list[str]:
+        return sorted(r["tool"] for r in listed(stack).values() if r["arguments"] == {"item": name})
+
+    wait_until(lambda: mine() == ["delete_item", "peek_item"], 30, "both calls parked")
+    assert stack.hits(f"/echo/delete/{name}") == 0 and stack.hits(f"/echo/peek/{name}") == 0
+
+
 def test_denied_call_is_answered_77_with_the_reason(stack: ApprovalStack) -> None:
     """Denied, a parked call is never sent; its envelope has exit code 77 and the reason."""
     name = item()
