@@ -251,6 +251,8 @@ async def decide(
             parked = ParkedCall(call_id, _decoded(await pipe.hgetall(key)))
             if parked.state != PARKED:
                 raise NotParked(call_id, parked.state or None)
+            if float(parked.fields.get("expires") or 0) <= time.time():  # due: the sweep answers it
+                raise NotParked(call_id, EXPIRED)
             pipe.multi()  # type: ignore[no-untyped-call]
             pipe.hset(key, mapping=verdict)  # type: ignore[arg-type]
             if decision == "approve":
