@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import console, gateway, identity, pipeline, replicas, tenants, tracing
+from benchmarks import approvals, console, gateway, identity, pipeline, replicas, tenants, tracing
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -91,6 +91,8 @@ class Sizes:
 
 FULL = Sizes(5000, 2000, 2000, 10.0, 200, 1200, 1000.0, 32)
 TRACING_ROUNDS = 3
+# Calls a round of the approval rows (one at a time: a p50 of fewer is mostly the machine's noise).
+APPROVAL_CALLS = 1000
 TENANTS_ROUNDS = 3
 TENANTS_BURST = 3000  # the head-of-line burst of the issue (tenant A's calls)
 TENANTS_QUICK_BURST = 500
@@ -516,7 +518,7 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
     only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only or args.replicas_only
-    only = only or args.console_only
+    only = only or args.console_only or args.approvals_only
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
         if not only:
@@ -547,6 +549,10 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
         if not only or args.console_only:
             print("console: the fleet page at 100 tenants", file=sys.stderr, flush=True)
             results["console"] = console.run(server.url, 100 if args.quick else console.REQUESTS)
+        if not only or args.approvals_only:
+            print("approvals: the check on calls that need none", file=sys.stderr, flush=True)
+            rounds = 1 if args.quick else TRACING_ROUNDS
+            results["approvals"] = approvals.run(server.url, max(sizes.light_calls, APPROVAL_CALLS), rounds)
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -568,6 +574,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
     parser.add_argument("--console-only", action="store_true", help="only the console's fleet page (a minute)")
+    parser.add_argument("--approvals-only", action="store_true", help="only the approval check's rows (a minute)")
     parser.add_argument(
         "--tenants-reference-tree",
         type=Path,
@@ -606,6 +613,8 @@ def main(argv: list[str] | None = None) -> None:
         replicas.print_section(results["replicas"])
     if results.get("console"):
         console.print_section(results["console"])
+    if results.get("approvals"):
+        approvals.print_section(results["approvals"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:

@@ -142,6 +142,20 @@ _DEAD_LETTER_ACTIONS = {
 }
 
 
+def _approvals_parser(commands: Any) -> None:
+    """`toolworker approvals list|approve ID|deny ID --reason R`: the calls parked for a human's approval."""
+    approvals = commands.add_parser("approvals", help="calls parked for a human's approval: list, approve, deny")
+    actions = approvals.add_subparsers(required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="the calls waiting for a decision, one line each, callId first")
+    listing.add_argument("--format", choices=["lines", "json"], default="lines")
+    listing.set_defaults(handler=_approvals_list)
+    for decision, text in (("approve", "approve a parked call: it runs once"), ("deny", "deny it: answered 77")):
+        action = actions.add_parser(decision, help=text)
+        action.add_argument("call_id", metavar="ID")
+        action.add_argument("--reason", default="", metavar="R", help="why (in the audit trail; a denial's envelope)")
+        action.set_defaults(handler=_approvals_decide, decision=decision)
+
+
 _MAX_RESTARTS = 5
 
 
@@ -527,8 +541,58 @@ def _audit_action(settings: Settings, name: str, target: str) -> None:
 
 
 # The commands registered apart from `_parser`'s own lines, in the order `--help` lists them.
-_COMMANDS = (_audit_command, _dead_letters_command)
+_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser)
 
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _approvals_list(args: argparse.Namespace) -> int:
+    rows = _with_decisions(lambda decisions, me: decisions.waiting(me))
+    if args.format == "json":
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+    for row in rows if args.format == "lines" else []:
+        who = f"{row['principal'] or '-'}/{row['tenant']}"
+        print(f"{row['callId']}  {row['tool']}  {who}  {row['target']}  expires {row['expires']}")
+    return 0
+
+
+def _approvals_decide(args: argparse.Namespace) -> int:
+    from worker.queue.approvals import NotParked
+
+    try:
+        done = _with_decisions(lambda decisions, me: decisions.decide(me, args.call_id, args.decision, args.reason))
+    except NotParked as exc:
+        print(f"toolworker approvals: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(done, ensure_ascii=False))
+    return 0
+
+
+def _with_decisions(work: Any) -> Any:
+    """Run `work(decisions, principal)` against Redis, as the operator at this terminal (every grant: the
+    command line reaches Redis itself); its decisions go to the audit trail under `cli:<user>`."""
+    import asyncio
+    import getpass
+
+    from worker.connections import async_client
+    from worker.gateway.audit import AuditTrail
+    from worker.gateway.decisions import Decisions
+    from worker.gateway.identity import Principal
+    from worker.queue.publisher import Publisher
+
+    settings = get_settings()
+    _check_redis(settings)
+
+    async def run() -> Any:
+        client = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+        audit = AuditTrail(client, settings.audit_stream_maxlen)
+        publisher = Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen)
+        try:
+            return await work(Decisions(client, publisher, audit), Principal(f"cli:{getpass.getuser()}"))
+        finally:
+            await audit.drain()
+            await client.aclose()
+
+    return asyncio.run(run())

@@ -8,7 +8,9 @@
     │   ├── UpstreamUnavailable  69  (circuit open)
     │   ├── InternalError        70
     │   ├── DeadlineExceeded     75
-    │   │   └── TenantQueueFull  75  (the tenant's max_queued; also raised by the client at enqueue)
+    │   │   ├── TenantQueueFull  75  (the tenant's max_queued; also raised by the client at enqueue)
+    │   │   └── ApprovalExpired  75  (nobody decided on a parked call in time; never sent)
+    │   ├── ApprovalDenied       77  (a principal with `approve` denied a parked call; never sent)
     │   ├── EgressBlocked        77
     │   └── ToolMisconfigured    78
     └── TransportError           the request was attempted
@@ -104,6 +106,20 @@ class TenantQueueFull(DeadlineExceeded):
         )
         self.tenant = tenant
         self.limit = limit
+
+
+class ApprovalExpired(DeadlineExceeded):
+    """A call parked for a human's approval that nobody approved within TOOLWORKER_APPROVAL_TTL_SECONDS."""
+
+    type = "approval_expired"
+
+
+class ApprovalDenied(RequestError):
+    """A call parked for a human's approval that a principal with the `approve` grant denied (EX_NOPERM,
+    as a call the egress policy refuses: a policy said no, and asking again unchanged will not help)."""
+
+    exit_code = 77
+    type = "approval_denied"
 
 
 class EgressBlocked(RequestError):

@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     audit_stream_maxlen: int = Field(1_000_000, ge=1)
     # The operators' console (/console on the gateway): how long a signed-in session lasts without use.
     console_session_ttl_seconds: int = Field(8 * 3600, ge=60, le=30 * 86_400)
+    # How long a parked call waits for a human's decision before it is answered as expired (exit 75).
+    approval_ttl_seconds: int = Field(3600, ge=1, le=30 * 86_400)
 
     @property
     def gateway_token_list(self) -> list[str]:

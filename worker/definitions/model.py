@@ -67,6 +67,22 @@ class RateLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class Approval:
+    """Which calls of a tool wait for a human's approval (SPEC 13, docs/guides/approvals.md): every call
+    (`always`), those whose method is one of `methods`, or none (`never`, a tool opting out of its
+    upstream's rule)."""
+
+    methods: frozenset[str] = frozenset()
+    always: bool = False
+
+    def requires(self, method: str) -> bool:
+        return self.always or method in self.methods
+
+
+NO_APPROVAL = Approval()
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     """A tenant's share and limits (docs/concepts/tenants.md): `weight` while the fleet is contended, calls in
     flight across the fleet, calls waiting, and a rate shared by every worker. None: no limit."""
@@ -129,6 +145,8 @@ class Upstream:
     circuit: CircuitPolicy = CircuitPolicy()
     rate_limit: RateLimit | None = None
     auth: Auth | None = None
+    # The approval rule of its tools (a tool's own rule replaces it); None: calls run without one.
+    approval: Approval | None = None
     source: Source = Source("<builtin>")
 
 
@@ -189,6 +207,8 @@ class Tool:
     schema: Mapping[str, JSON] | Callable[[], Mapping[str, JSON]] = field(
         default_factory=lambda: {"type": "object", "properties": {}}
     )
+    # Its own approval rule, replacing its upstream's; None: the upstream's.
+    approval: Approval | None = None
 
     @cached_property
     def input_schema(self) -> Mapping[str, JSON]:
@@ -201,6 +221,12 @@ class Tool:
     @property
     def summary(self) -> str:
         return self.description.strip().split("\n", 1)[0]
+
+
+def needs_approval(tool: Tool, upstream: Upstream) -> bool:
+    """Whether a call of this tool waits for a human's approval: the tool's rule, else its upstream's."""
+    rule = tool.approval if tool.approval is not None else upstream.approval
+    return rule is not None and rule.requires(tool.request.method)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from worker.gateway import openapi_document, version
 from worker.gateway.calls import Calls, open_calls
 from worker.gateway.console import open_console
+from worker.gateway.console.sources import Extensions, ParkedCalls
 from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
@@ -97,7 +98,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_calls(settings, options.tags) as calls,
-            open_console(settings, calls, keeper.tokens, not keeper.required) as console,
+            open_console(
+                settings, calls, keeper.tokens, not keeper.required, Extensions(ParkedCalls(calls.decisions))
+            ) as console,
         ):
             front = McpFront(calls, options.mode, settings.gateway_page_size, settings.gateway_call_timeout_seconds)
             server = front.server()

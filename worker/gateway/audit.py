@@ -1,4 +1,5 @@
-"""The audit trail: one record per call the gateway takes, in a capped Redis stream and in the logs.
+"""The audit trail: one record per call the gateway takes, and one per decision on a call parked for
+approval (who decided, approve or deny, the reason), in a capped Redis stream and in the logs.
 
 A record says when, who (principal, tenant), which tool, the callId, how it ended (exitCode; `pending`
 when the gateway answered before the call did) and how long the gateway waited. It holds no argument,
@@ -68,15 +69,31 @@ def write_action(client: redis.Redis, entry: Action, maxlen: int) -> None:
     client.xadd(AUDIT_STREAM_KEY, entry.fields(), maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A human's decision on a call that needed approval (REST, the CLI, or asked through MCP)."""
+
+    time: str
+    principal: str  # who decided
+    tenant: str  # the decider's
+    tool: str
+    callId: str
+    decision: str  # approve | deny
+    reason: str
+
+    def fields(self) -> dict[str, str]:
+        return asdict(self)
+
+
 class AuditTrail:
     def __init__(self, client: aioredis.Redis, maxlen: int) -> None:
         self._client = client
         self._maxlen = maxlen
-        self._pending: list[Record | Action] = []
+        self._pending: list[Record | Action | Decision] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    def record(self, entry: Record | Action) -> None:
-        log.info("gateway.call" if isinstance(entry, Record) else "operator.action", **asdict(entry))
+    def record(self, entry: Record | Action | Decision) -> None:
+        log.info(_EVENTS[type(entry)], **asdict(entry))
         self._pending.append(entry)
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
@@ -100,6 +117,9 @@ class AuditTrail:
             self._flusher = None
             if self._pending:
                 self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+
+_EVENTS = {Record: "gateway.call", Action: "operator.action", Decision: "gateway.decision"}
 
 
 def now_iso() -> str:

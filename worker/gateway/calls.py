@@ -25,16 +25,19 @@ import redis.asyncio as aioredis
 from worker import tracing
 from worker.client import AsyncToolClient
 from worker.connections import async_client
-from worker.definitions.model import Tool
+from worker.definitions.model import Tool, needs_approval
 from worker.envelope import ToolResult
 from worker.errors import UnknownTool
-from worker.gateway.audit import AuditTrail, Record, now_iso
+from worker.gateway.audit import AuditTrail, Decision, Record, now_iso
 from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
+from worker.gateway.decisions import Decisions
 from worker.gateway.headers import forwarded
 from worker.gateway.health import FleetHealth
 from worker.gateway.identity import LOCAL, Principal
 from worker.gateway.withdraw import withdraw
+from worker.queue import approvals
+from worker.queue.publisher import Publisher
 from worker.settings import Settings
 
 MAX_CALL_ID_CHARS = 256
@@ -59,6 +62,8 @@ class CallSpec:
     trace: Mapping[str, str] = field(default_factory=dict)
     # Who asks: its name and tenant go with the call; its grant decides which tools it may call.
     principal: Principal = LOCAL
+    # A tool that needs approval: who approved the call before it was enqueued (asked through MCP).
+    approved_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,13 +86,17 @@ class Calls:
         health: FleetHealth,
         claim_ttl_s: int,
         audit: AuditTrail | None = None,
+        stream_maxlen: int = 100_000,
     ) -> None:
         self.client = client
         self.catalog = catalog
         self.health = health
         self._redis = redis
         self._claims = Claims(redis, claim_ttl_s)
+        self._keep_s = claim_ttl_s
         self.audit = audit
+        # Parked calls: what waits for a human, and their decisions (any gateway process decides on any).
+        self.decisions = Decisions(redis, Publisher(redis, claim_ttl_s, stream_maxlen), audit)
 
     def visible(self, principal: Principal) -> Snapshot:
         """The catalog as `principal` sees it: the tools its grant allows, nothing else."""
@@ -101,6 +110,10 @@ class Calls:
             raise UnknownTool(name)
         return tool
 
+    def needs_approval(self, tool: Tool) -> bool:
+        """Whether calls of this tool wait for a human's approval (its rule, else its upstream's)."""
+        return needs_approval(tool, self.catalog.snapshot.upstream(tool))
+
     async def submit(self, spec: CallSpec) -> Submitted:
         """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
         FleetUnavailable, TenantQueueFull (the tenant's max_queued)."""
@@ -109,6 +122,8 @@ class Calls:
         call_id = spec.call_id or str(uuid.uuid4())
         if spec.call_id is not None and not await self._claim(call_id, spec):
             return Submitted(call_id, tool, enqueued=False, principal=spec.principal)
+        if spec.approved_by is not None:
+            await self._grant(call_id, tool, spec)
         headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
         call = (spec.tool, dict(spec.arguments), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
@@ -129,6 +144,16 @@ class Calls:
                 await self._claims.release(call_id)
             raise
         return Submitted(call_id, tool, True, who, taken_at, started_s)
+
+    async def _grant(self, call_id: str, tool: Tool, spec: CallSpec) -> None:
+        """Record the approval a human gave through MCP, so that the worker runs the call (once)."""
+        who, by = spec.principal, str(spec.approved_by)
+        upstream = self.catalog.snapshot.upstream(tool)
+        fields = approvals.describe({"arguments": dict(spec.arguments)}, tool, upstream, who.tenant, who.name)
+        fields.update(decidedBy=by, reason="approved when asked through MCP", decidedAt=repr(time.time()))
+        await approvals.grant(self._redis, call_id, fields, self._keep_s)
+        if self.audit is not None:
+            self.audit.record(Decision(now_iso(), by, who.tenant, tool.name, call_id, "approve", fields["reason"]))
 
     async def hold(self, submitted: Submitted, spec: CallSpec) -> None:
         """Before a client is given a callId to come back with: claim it (if the client did not name it),
@@ -201,7 +226,8 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
     audit = AuditTrail(redis, settings.audit_stream_maxlen)
     try:
         await catalog.start(redis)
-        yield Calls(client, redis, catalog, FleetHealth(settings.redis_url), settings.result_ttl_seconds, audit)
+        health = FleetHealth(settings.redis_url)
+        yield Calls(client, redis, catalog, health, settings.result_ttl_seconds, audit, settings.reply_stream_maxlen)
     finally:
         await audit.drain()
         await catalog.close()

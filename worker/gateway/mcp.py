@@ -13,6 +13,10 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
   not conform to one). `_meta["toolworker/callId"]` on the request (or an `Idempotency-Key` header)
   names the call, so a request sent again is answered from the same call. An unknown tool is a
   JSON-RPC error; arguments the tool's schema refuses are a tool error naming the field (the worker's).
+- A tool that needs approval (docs/guides/approvals.md) asks the human through the client before anything
+  is enqueued (asking.py: an `input_required` result on 2026-07-28, `elicitation/create` before); accept
+  enqueues it approved, anything else sends nothing; a client that cannot be asked is told how approval
+  is granted instead (a tool error).
 - Cancellation (the request's stream closed, or `notifications/cancelled`) takes a call that has not
   started off the queue.
 - Discovery mode (`--mode discovery`) lists four meta-tools instead of the catalog (discovery.py).
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, Literal, TypeVar
@@ -40,11 +45,12 @@ from starlette.requests import Request
 from worker import tracing
 from worker.envelope import ToolResult
 from worker.errors import TenantQueueFull, UnknownTool
-from worker.gateway import discovery, metrics, version
+from worker.gateway import asking, discovery, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import LOCAL, Principal, principal_of
+from worker.queue import approvals
 
 log = structlog.get_logger("toolworker.gateway.mcp")
 Mode = Literal["all", "discovery"]
@@ -56,6 +62,15 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 INSTRUCTIONS = (
     "Tools of a toolworker fleet: every call runs on a worker through a queue. A tool result's "
     f"_meta['{CALL_META_KEY}'] holds its callId, statusCode, exitCode and attempts."
+)
+# The key of the approval question among a request's input requests (2026-07-28).
+APPROVAL_INPUT_KEY = "toolworker/approval"
+HOW_TO_APPROVE = (
+    "The tool {tool} needs a human's approval before it runs, and this client cannot be asked here (asking "
+    "takes elicitation: a 2026-07-28 client that declares it, or an earlier one on stdio, since this HTTP "
+    "endpoint keeps no session). Nothing was sent. Use such a client, or make the call through "
+    "REST (POST /v1/calls): it is parked until a principal with the `approve` grant approves it "
+    "(POST /v1/approvals/{{callId}}, or `toolworker approvals approve`)."
 )
 _CURSOR_PREFIX = "after:"
 # How often a waiting call reports progress to a client that asked for it.
@@ -148,7 +163,10 @@ class McpFront:
         try:
             call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
             trace = tracing.context_from(_meta(params))
-            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, _principal(ctx))
+            approved_by = await self._approval(ctx, name, arguments)
+            if isinstance(approved_by, dict):  # the question, or the reason nothing was sent
+                return approved_by
+            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, _principal(ctx), approved_by)
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
@@ -167,6 +185,27 @@ class McpFront:
             await self.calls.hold(submitted, spec)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         return tool_result(envelope, submitted.call_id, self.timeout_s)
+
+    async def _approval(self, ctx: Context, name: str, arguments: dict[str, Any]) -> str | dict[str, Any] | None:
+        """None when the tool needs no approval; who approved when the human accepted; else the result to
+        answer with (the question on 2026-07-28, a decline, or how approval is granted)."""
+        principal = _principal(ctx)
+        tool = self.calls.resolve(name, principal)
+        if not self.calls.needs_approval(tool):
+            return None
+        target = approvals.target(tool, self.calls.catalog.snapshot.upstream(tool), arguments)
+        question = f"Allow this tool call? {name}: {target}, arguments {json.dumps(arguments, ensure_ascii=False)}"
+        try:
+            answer = await asking.ask_to_confirm(ctx, APPROVAL_INPUT_KEY, question)
+        except asking.CannotAsk:
+            return _text_result(HOW_TO_APPROVE.format(tool=name), is_error=True)
+        if isinstance(answer, asking.InputRequired):
+            return answer.result
+        if answer is not asking.Answer.ACCEPT:
+            text = f"The user did not approve this call to {name} ({answer.value}); it was not sent."
+            return _text_result(text, is_error=True)
+        log.info("gateway.call_approved", tool=name, principal=principal.name)
+        return principal.name
 
     async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to

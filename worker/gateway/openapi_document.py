@@ -98,8 +98,47 @@ SCHEMAS: JSON = {
         "type": "object",
         "properties": {
             "callId": {"type": "string"},
-            "status": {"type": "string", "enum": ["pending"]},
+            "status": {
+                "type": "string",
+                "enum": ["pending", "awaiting_approval"],
+                "description": "awaiting_approval: the tool needs a human's approval; the call is parked.",
+            },
             "location": {"type": "string"},
+        },
+    },
+    "Decision": {
+        "type": "object",
+        "required": ["decision"],
+        "additionalProperties": False,
+        "properties": {
+            "decision": {"type": "string", "enum": ["approve", "deny"]},
+            "reason": {"type": "string", "maxLength": 1000, "description": "In the audit trail; a denial's envelope."},
+        },
+    },
+    "Decided": {
+        "type": "object",
+        "properties": {
+            "callId": {"type": "string"},
+            "tool": {"type": "string"},
+            "decision": {"type": "string", "enum": ["approve", "deny"]},
+            "decidedBy": {"type": "string"},
+            "reason": {"type": "string"},
+        },
+    },
+    "ParkedCall": {
+        "type": "object",
+        "description": "A call waiting for a human's approval (header values never shown).",
+        "properties": {
+            "callId": {"type": "string"},
+            "tool": {"type": "string"},
+            "principal": {"type": ["string", "null"], "description": "Who made it (null: a queue producer)."},
+            "tenant": {"type": "string"},
+            "method": {"type": "string"},
+            "target": {"type": "string", "description": "Method, upstream and path with its arguments."},
+            "arguments": {"type": "object"},
+            "headers": {"type": "object", "additionalProperties": {"type": "string", "enum": ["[redacted]"]}},
+            "since": {"type": ["string", "null"], "format": "date-time"},
+            "expires": {"type": ["string", "null"], "format": "date-time"},
         },
     },
     "Error": {
@@ -240,6 +279,39 @@ def _paths() -> JSON:
     }
 
 
+_FORBIDDEN = {"403": _json(_ref("Error"), "The principal's grants lack `approve`.")}
+
+
+def _approval_paths() -> JSON:
+    """Deciding on calls parked for a human's approval (docs/guides/approvals.md)."""
+    listing = {"type": "object", "properties": {"approvals": {"type": "array", "items": _ref("ParkedCall")}}}
+    decision = {"required": True, "content": {"application/json": {"schema": _ref("Decision")}}}
+    return {
+        "/v1/approvals": {
+            "get": _operation(
+                "listApprovals",
+                "The calls waiting for a human's approval, oldest expiry first",
+                {"200": _json(listing, "What waits."), **_FORBIDDEN, "401": _ERRORS["401"]},
+            )
+        },
+        "/v1/approvals/{callId}": {
+            "post": _operation(
+                "decideApproval",
+                "Approve (it runs once) or deny (answered with exit code 77) a parked call",
+                {
+                    "200": _json(_ref("Decided"), "Decided."),
+                    **_FORBIDDEN,
+                    "404": _json(_ref("Error"), "No call of this id waits or was decided."),
+                    "409": _json(_ref("Error"), "The call was decided already (or expired): error.state says."),
+                    **_ERRORS,
+                },
+                parameters=[_CALL_ID],
+                requestBody=decision,
+            )
+        },
+    }
+
+
 def document(server_url: str, version: str) -> JSON:
     return {
         "openapi": "3.1.0",
@@ -250,7 +322,7 @@ def document(server_url: str, version: str) -> JSON:
         },
         "servers": [{"url": server_url}],
         "security": [{"bearer": []}],
-        "paths": _paths(),
+        "paths": {**_paths(), **_approval_paths()},
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -8,11 +8,15 @@
     GET    /v1/tools              the catalog (?tag=T, ?format=summary|openai|anthropic|mcp)
     GET    /v1/tools/search       ?question=Q&top_k=N (&format=...)
     GET    /v1/tools/{name}       one tool's full definition
+    GET    /v1/approvals          the calls parked for a human's approval (the `approve` grant)
+    POST   /v1/approvals/{callId} {decision: approve|deny, reason}: decide on one (the `approve` grant)
     GET    /healthz               200 when a worker answers a ping, else 503
     GET    /metrics               the gateway's Prometheus metrics
 
-Errors are `{"error": {"type", "message"}}`: 400 not JSON, 404 unknown tool or call, 409 a callId reused
-for another call, 422 a body of the wrong shape, 503 the fleet cannot take calls.
+A call whose tool needs approval answers 202 at once (`status: awaiting_approval`): it is parked until
+decided. Errors are `{"error": {"type", "message"}}`: 400 not JSON, 403 a decision without the `approve`
+grant, 404 unknown tool or call, 409 a callId reused for another call (or a call decided already), 422 a
+body of the wrong shape, 503 the fleet cannot take calls.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from worker.gateway.calls import (
     CallSpec,
     Submitted,
 )
+from worker.gateway.decisions import NotAllowed
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import principal_of
+from worker.queue.approvals import NotParked
 
 Format = Literal["summary", "openai", "anthropic", "mcp"]
 EXPORTS: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
@@ -52,6 +58,7 @@ EXPORTS: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
 }
 MAX_BATCH = 1000
 MAX_WAIT_S = 3600.0
+AWAITING_APPROVAL = "awaiting_approval"
 
 
 class CallBody(BaseModel):
@@ -69,6 +76,15 @@ class CallBody(BaseModel):
     waitSeconds: float | None = Field(None, ge=0, le=MAX_WAIT_S)
 
 
+class DecisionBody(BaseModel):
+    """A decision on a parked call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "deny"]
+    reason: str = Field("", max_length=1000)
+
+
 class BatchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,8 +97,8 @@ def error(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message, **extra}}, status_code=status)
 
 
-def pending(call_id: str, status: int = 202) -> JSONResponse:
-    body = {"callId": call_id, "status": "pending", "location": f"/v1/calls/{call_id}"}
+def pending(call_id: str, status: int = 202, state: str = "pending") -> JSONResponse:
+    body = {"callId": call_id, "status": state, "location": f"/v1/calls/{call_id}"}
     return JSONResponse(body, status_code=status, headers={"Location": f"/v1/calls/{call_id}"})
 
 
@@ -107,6 +123,10 @@ def guarded(handler: Handler) -> Handler:
             response = error(429, exc.type, exc.message, tenant=exc.tenant, maxQueued=exc.limit)
             response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
             return response
+        except NotAllowed as exc:
+            return error(403, "forbidden", str(exc))
+        except NotParked as exc:
+            return error(404 if exc.state is None else 409, "not_parked", str(exc), state=exc.state)
 
     return run
 
@@ -125,6 +145,8 @@ class Rest:
             Route("/v1/tools", guarded(self.list_tools), methods=["GET"]),
             Route("/v1/tools/search", guarded(self.search_tools), methods=["GET"]),
             Route("/v1/tools/{name}", guarded(self.get_tool), methods=["GET"]),
+            Route("/v1/approvals", guarded(self.list_approvals), methods=["GET"]),
+            Route("/v1/approvals/{call_id}", guarded(self.decide), methods=["POST"]),
             Route("/healthz", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
@@ -136,11 +158,12 @@ class Rest:
         started = time.perf_counter()
         spec = self._spec(body, request)
         submitted = await self.calls.submit(spec)
-        envelope = await self._answer(submitted, body.wait, body.waitSeconds, body.timeoutSeconds)
+        parked = self.calls.needs_approval(submitted.tool)
+        envelope = await self._answer(submitted, body.wait and not parked, body.waitSeconds, body.timeoutSeconds)
         metrics.observe("rest", envelope, time.perf_counter() - started)
         if envelope is None:
             await self.calls.hold(submitted, spec)
-            return pending(submitted.call_id)
+            return pending(submitted.call_id, state=AWAITING_APPROVAL if parked else "pending")
         return JSONResponse(envelope.to_dict())
 
     async def get_call(self, request: Request) -> Response:
@@ -183,10 +206,11 @@ class Rest:
                 "tool": call.tool,
                 "error": {"type": "call_id_conflict", "message": str(exc)},
             }
-        envelope = await self._answer(submitted, batch.wait, batch.waitSeconds, call.timeoutSeconds)
+        parked = self.calls.needs_approval(submitted.tool)
+        envelope = await self._answer(submitted, batch.wait and not parked, batch.waitSeconds, call.timeoutSeconds)
         if envelope is None:
             await self.calls.hold(submitted, spec)
-            return {"callId": submitted.call_id, "status": "pending"}
+            return {"callId": submitted.call_id, "status": AWAITING_APPROVAL if parked else "pending"}
         return envelope.to_dict()
 
     def _spec(self, body: CallBody, request: Request) -> CallSpec:
@@ -203,6 +227,16 @@ class Rest:
             return None
         budget = wait_s if wait_s is not None else (timeout_s or self.default_timeout_s)
         return await self.calls.answer(submitted, budget)
+
+    # --- approvals --------------------------------------------------------------------------------
+
+    async def list_approvals(self, request: Request) -> Response:
+        return JSONResponse({"approvals": await self.calls.decisions.waiting(principal_of(request.scope))})
+
+    async def decide(self, request: Request) -> Response:
+        body = parse(DecisionBody, await json_body(request))
+        call_id, principal = request.path_params["call_id"], principal_of(request.scope)
+        return JSONResponse(await self.calls.decisions.decide(principal, call_id, body.decision, body.reason))
 
     # --- catalog ----------------------------------------------------------------------------------
 

@@ -149,16 +149,20 @@ class ToolServer:
         started = time.perf_counter()
         spec = CallSpec(name, arguments, request.headers, None, self.timeout_s, principal=principal)
         submitted = await self.calls.submit(spec)
-        envelope = await self.calls.answer(submitted, self.timeout_s)
+        parked = self.calls.needs_approval(tool)  # it waits for a human: nothing to wait for here
+        envelope = None if parked else await self.calls.answer(submitted, self.timeout_s)
         metrics.observe("toolserver", envelope, time.perf_counter() - started)
         if envelope is None:
             await self.calls.hold(submitted, spec)
-        return _outcome(envelope, submitted.call_id)
+        return _outcome(envelope, submitted.call_id, parked)
 
 
-def _outcome(envelope: ToolResult | None, call_id: str) -> Response:
+def _outcome(envelope: ToolResult | None, call_id: str, parked: bool = False) -> Response:
     if envelope is None:
-        return _detail(NOT_READY, f"The call {call_id} has no output yet; fetch it later with GET /v1/calls/{call_id}.")
+        waits = f" (it waits for a human's approval: POST /v1/approvals/{call_id})" if parked else ""
+        return _detail(
+            NOT_READY, f"The call {call_id} has no output yet{waits}; fetch it later with GET /v1/calls/{call_id}."
+        )
     if envelope.exit_code == 0:
         return _output(envelope.result)
     status = 422 if envelope.exit_code == INVALID_ARGUMENTS_EXIT else 500

@@ -19,13 +19,15 @@ from worker import tracing
 from worker.constants import TASK_EXECUTE
 from worker.definitions import redis_store
 from worker.loop import process_loop
+from worker.queue import approvals
 from worker.queue.outcome import PublishFailed
 from worker.queue.service import Service, build_service
 from worker.settings import get_settings
 
 # How long a message whose result could not be published waits before it goes back to the queue.
 REQUEUE_PAUSE_S = 0.5
-_service: tuple[int, Service, Future[None] | None] | None = None
+# The service of this process, and what runs beside it on the loop (following versions, the approvals' sweep).
+_service: tuple[int, Service, list[Future[None]]] | None = None
 _lock = threading.Lock()
 
 
@@ -37,7 +39,8 @@ def process_service() -> Service:
             settings = get_settings()
             bundles = redis_store.Bundles() if settings.store == "redis" else None
             service = build_service(settings, bundles)
-            follower = None
+            sweep = approvals.sweep_forever(service.publisher.client, service.publisher)
+            beside = [asyncio.run_coroutine_threadsafe(sweep, process_loop().loop)]
             if bundles is not None:
                 follow = redis_store.follow(
                     service.publisher.client,
@@ -46,8 +49,8 @@ def process_service() -> Service:
                     settings.store_poll_seconds,
                     service.switch,
                 )
-                follower = asyncio.run_coroutine_threadsafe(follow, process_loop().loop)
-            _service = (os.getpid(), service, follower)
+                beside.append(asyncio.run_coroutine_threadsafe(follow, process_loop().loop))
+            _service = (os.getpid(), service, beside)
         return _service[1]
 
 
@@ -57,10 +60,10 @@ def close_process_service(timeout_s: float = 5.0) -> None:
     with _lock:
         if _service is None or _service[0] != os.getpid():
             return
-        _, service, follower = _service
+        _, service, beside = _service
         _service = None
-    if follower is not None:
-        follower.cancel()
+    for future in beside:
+        future.cancel()
     process_loop().run(service.close(), timeout_s)
     tracing.flush(timeout_s)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -24,6 +24,7 @@ from worker.envelope import ToolResult
 from worker.http.egress import EgressPolicy
 from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall, parse_call, reply_stream
+from worker.queue.approvals import PARKED_NOW, Gate
 from worker.queue.outcome import PublishFailed
 from worker.queue.publisher import Publisher
 from worker.settings import Settings
@@ -32,10 +33,14 @@ log = structlog.get_logger("toolworker.service")
 
 
 class Service:
-    def __init__(self, runtime: Runtime, publisher: Publisher, definitions_version: int = 0) -> None:
+    def __init__(
+        self, runtime: Runtime, publisher: Publisher, definitions_version: int = 0, gate: Gate | None = None
+    ) -> None:
         self.runtime = runtime
         self.publisher = publisher
         self.definitions_version = definitions_version
+        # Calls that wait for a human's approval are parked here instead of run (approvals.py).
+        self.gate = gate
 
     async def serve(
         self, messages: list[Any], task_id: str, batch: bool, redelivered: bool = True, over_quota: int | None = None
@@ -68,6 +73,13 @@ class Service:
             log.error("call.done_check_failed", callIds=call_ids, reason=_reason(exc))
             raise PublishFailed("Could not check whether the calls were answered already.") from exc
 
+    async def _held(self, gate: Gate, call: ToolCall, received_at: float) -> ToolResult | Literal["parked"] | None:
+        try:
+            return await gate.hold(call, received_at)
+        except Exception as exc:  # unknown whether it may run: the message goes back, not done
+            log.error("call.approval_check_failed", callId=call.call_id, reason=_reason(exc))
+            raise PublishFailed(f"Could not check whether call {call.call_id} needs approval.") from exc
+
     async def _publish(self, result: ToolResult, reply_to: str | None) -> None:
         """Publish the envelope; a failure is logged and raised as PublishFailed, so that the message is
         handed back rather than acknowledged with its call unanswered."""
@@ -78,7 +90,12 @@ class Service:
             raise PublishFailed(f"The result of call {result.call_id} could not be published.") from exc
 
     async def _answer(self, item: ToolCall | ToolResult, reply_to: str | None, received_at: float) -> dict[str, Any]:
-        if isinstance(item, ToolResult):  # not a call
+        if isinstance(item, ToolCall) and self.gate is not None:
+            held = await self._held(self.gate, item, received_at)
+            if held == PARKED_NOW:  # no envelope until a human decides; the message is done with
+                return {"callId": item.call_id, "tool": item.tool, "exitCode": None, "parked": True}
+            item = item if held is None else held  # held: the envelope of a call refused
+        if isinstance(item, ToolResult):  # not a call, or one refused before it could run
             result = item
             await self._publish(result, reply_to)
         else:
@@ -155,7 +172,8 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
         redis=client,
     )
     publisher = Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen)
-    return Service(runtime, publisher, version)
+    gate = Gate(client, runtime, settings.approval_ttl_seconds, settings.result_ttl_seconds)
+    return Service(runtime, publisher, version, gate)
 
 
 def _initial_definitions(settings: Settings, bundles: redis_store.Bundles | None) -> tuple[int, ToolSet]:

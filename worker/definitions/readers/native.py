@@ -23,7 +23,13 @@ from worker.definitions.model import (
 )
 from worker.definitions.readers.document import Document, StrictModel
 from worker.definitions.readers.openapi import read_entries
-from worker.definitions.readers.upstreams import RateLimitModel, UpstreamModel, build_upstream
+from worker.definitions.readers.upstreams import (
+    ApprovalSetting,
+    RateLimitModel,
+    UpstreamModel,
+    build_approval,
+    build_upstream,
+)
 from worker.definitions.templates import Template, TemplateSyntaxError
 from worker.definitions.transforms import TransformError, jmespath_transform
 
@@ -57,6 +63,7 @@ class ToolModel(StrictModel):
     input_schema: dict[str, Any] = {"type": "object", "properties": {}}
     request: RequestModel = RequestModel()
     response: ResponseModel = ResponseModel()
+    approval: ApprovalSetting | None = None
 
 
 class TenantModel(StrictModel):
@@ -156,6 +163,7 @@ def build_tool(model: ToolModel, source: Source) -> Tool:
         transform=build_transform(model.response.transform),
         max_output_chars=model.response.max_output_chars,
         source=source,
+        approval=build_approval(model.approval),
     )
 
 

@@ -7,7 +7,17 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from worker import constants
-from worker.definitions.model import Auth, CircuitPolicy, RateLimit, RetryPolicy, Source, Upstream
+from worker.definitions.model import (
+    METHODS,
+    NO_APPROVAL,
+    Approval,
+    Auth,
+    CircuitPolicy,
+    RateLimit,
+    RetryPolicy,
+    Source,
+    Upstream,
+)
 from worker.definitions.readers.document import StrictModel
 from worker.definitions.templates import Template
 
@@ -28,6 +38,30 @@ class CircuitModel(StrictModel):
 class RateLimitModel(StrictModel):
     per_second: float = Field(gt=0)
     burst: int = Field(1, ge=1)
+
+
+class ApprovalModel(StrictModel):
+    """`approval: {methods: [POST, DELETE]}`: the calls with these methods wait for a human's approval."""
+
+    methods: list[str] = Field(min_length=1)
+
+
+# `approval:` of an upstream or a tool: `always`, `never` (a tool opting out) or `{methods: [...]}`.
+ApprovalSetting = Literal["always", "never"] | ApprovalModel
+
+
+def build_approval(setting: ApprovalSetting | None) -> Approval | None:
+    if setting is None:
+        return None
+    if setting == "always":
+        return Approval(always=True)
+    if setting == "never":
+        return NO_APPROVAL
+    methods = frozenset(m.upper() for m in setting.methods)
+    unknown = sorted(methods - METHODS)
+    if unknown:
+        raise ValueError(f"approval: unknown method {', '.join(unknown)} (one of {', '.join(sorted(METHODS))})")
+    return Approval(methods)
 
 
 class AuthModel(StrictModel):
@@ -74,6 +108,7 @@ class UpstreamModel(StrictModel):
     circuit: CircuitModel = CircuitModel()
     rate_limit: RateLimitModel | None = None
     auth: AuthModel | None = None
+    approval: ApprovalSetting | None = None
 
 
 def build_auth(name: str, model: AuthModel) -> Auth:
@@ -137,5 +172,6 @@ def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
         circuit=CircuitPolicy(model.circuit.threshold, model.circuit.cooldown_seconds),
         rate_limit=RateLimit(model.rate_limit.per_second, model.rate_limit.burst) if model.rate_limit else None,
         auth=build_auth(name, model.auth) if model.auth else None,
+        approval=build_approval(model.approval),
         source=source,
     )

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from worker.gateway.decisions import Decisions
 from worker.gateway.identity import Principal
+from worker.queue.approvals import NotParked
 
 Decision = Literal["approve", "deny"]
 
@@ -57,3 +59,26 @@ class Connections(Protocol):
 class Extensions:
     approvals: Approvals | None = None
     connections: Connections | None = None
+
+
+class ParkedCalls:
+    """The approvals the gateway keeps (decisions.py), as the console's page reads and decides them."""
+
+    def __init__(self, decisions: Decisions) -> None:
+        self._decisions = decisions
+
+    async def waiting(self) -> list[WaitingCall]:
+        return [
+            WaitingCall(row["callId"], row["tool"], row["principal"] or "", row["tenant"], row["since"], _why(row))
+            for row in await self._decisions.parked()
+        ]
+
+    async def decide(self, call_id: str, decision: Decision, reason: str, principal: Principal) -> None:
+        try:
+            await self._decisions.decide(principal, call_id, decision, reason)
+        except NotParked as exc:
+            raise NotWaiting(str(exc)) from exc
+
+
+def _why(row: dict[str, str]) -> str:
+    return f"{row['method']} {row['target']}".strip()
