@@ -33,6 +33,7 @@ __all__ = ["browser", "page"]
 
 OPS_TOKEN = "ops-console-token-5b1c9e"
 VIEWER_TOKEN = "viewer-token-77aa01"
+APPROVER_TOKEN = "approver-token-0c4e7d"
 ALPHA_TOKEN = "alpha-token-31f0"
 BETA_TOKEN = "beta-token-a9d2"
 LEGACY_TOKEN = "legacy-gateway-token-4410"
@@ -41,6 +42,7 @@ DEFINITIONS = FIXTURES / "console"
 ACCESS = f"""
 tokens:
   ops: {{token: "{OPS_TOKEN}", tools: ["*"], grants: [operate]}}
+  approver: {{token: "{APPROVER_TOKEN}", tools: ["*"], grants: [operate, approve]}}
   viewer: {{token: "{VIEWER_TOKEN}", tools: ["*"]}}
   alpha: {{token: "{ALPHA_TOKEN}", tenant: alpha, tools: ["*"]}}
   beta: {{token: "{BETA_TOKEN}", tenant: beta, tools: ["*"]}}
@@ -52,6 +54,7 @@ class ConsoleStack:
     gateway: Gateway
     redis_url: str
     env: dict[str, str]
+    upstream: UpstreamState
 
     @property
     def url(self) -> str:
@@ -70,7 +73,8 @@ def console(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> 
     """A Redis, a worker, an upstream and a gateway with an access file (ops may operate, viewer may not)."""
     directory = tmp_path_factory.mktemp("console")
     server = EmbeddedRedis(directory / "redis").start()
-    upstream = ServerThread(make_upstream(UpstreamState())).start()
+    state = UpstreamState()
+    upstream = ServerThread(make_upstream(state)).start()
     env = worker_env(server.url, upstream.url, dns_server.address, DEFINITIONS)
     worker = start_worker(env, directory / "worker.log")
     access = directory / "access.yaml"
@@ -86,7 +90,7 @@ def console(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> 
         genv = gateway_env(server.url, DEFINITIONS, TOOLWORKER_GATEWAY_TOKENS=LEGACY_TOKEN, **extra)
         gateway = start_gateway(genv, directory / "gateway.log", port)
         wait_listening(gateway, ready=True)
-        yield ConsoleStack(gateway, server.url, env)
+        yield ConsoleStack(gateway, server.url, env, state)
     finally:
         if gateway is not None:
             gateway.stop()
@@ -194,7 +198,7 @@ def test_signing_in_lands_on_the_fleet_with_a_safe_cookie(console: ConsoleStack,
         page.goto(console.url + target)
         html = page.content()
         assert cookie["value"] not in html and OPS_TOKEN not in html
-        assert page.locator("nav a").all_inner_texts() == ["Fleet", "Catalog", "Dead letters", "Audit"]
+        assert page.locator("nav a").all_inner_texts() == ["Fleet", "Catalog", "Dead letters", "Audit", "Approvals"]
     csrf = page.locator("input[name=csrf_token]").first.get_attribute("value")
     assert csrf and csrf != cookie["value"]
 
@@ -303,6 +307,34 @@ def test_the_catalog_searches_shows_a_schema_and_tries_a_call(console: ConsoleSt
     assert SECRET_TOKEN not in page.content()
     audit = page.goto(console.url + "/console/audit?tool=weather_forecast&principal=ops&exit_code=0")
     assert audit is not None and envelope["callId"] in page.locator("table").inner_text()
+
+
+def test_a_parked_call_is_approved_from_the_page_and_runs_once(console: ConsoleStack, page: Page) -> None:
+    """A REST call to a tool that needs approval waits on the Approvals page; an operator without `approve` sees
+    it but cannot decide; one with it approves it with a reason, and the upstream gets the call once."""
+    headers = {"Authorization": f"Bearer {LEGACY_TOKEN}"}
+    with httpx2.Client(base_url=console.url, timeout=30, headers=headers) as client:
+        parked = client.post("/v1/calls", json={"tool": "risky_delete", "arguments": {"item": "console-approved"}})
+        assert parked.status_code == 202, parked.text
+        call_id = parked.json()["callId"]
+        sign_in(page, console)
+        page.get_by_role("link", name="Approvals").click()
+        assert page.locator("h1").inner_text() == "Approvals"
+        assert call_id in page.locator("table").inner_text()
+        assert page.get_by_role("button", name="Approve").first.is_disabled()
+        page.get_by_role("button", name="Sign out").click()
+        sign_in(page, console, APPROVER_TOKEN)
+        page.get_by_role("link", name="Approvals").click()
+        row = page.locator("tbody tr", has_text=call_id)
+        row.get_by_label("Reason").fill("checked by the on-call")
+        row.get_by_role("button", name="Approve").click()
+        assert f"Approved {call_id}" in page.locator("main").inner_text()
+        assert call_id not in page.locator("table").inner_text()
+        wait_until(lambda: client.get(f"/v1/calls/{call_id}").status_code == 200, 30, "the approved call's envelope")
+        assert client.get(f"/v1/calls/{call_id}").json()["exitCode"] == 0
+    assert console.upstream.hits_to("/echo/risky/console-approved") == 1
+    audit = console.cli("audit", "--principal", "approver")
+    assert call_id in audit.stdout and "checked by the on-call" in audit.stdout
 
 
 def test_the_audit_page_filters_like_the_stream(console: ConsoleStack, page: Page) -> None:
