@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
@@ -33,16 +33,21 @@ class Client:
     """The gateway's client at an authorization server, as an upstream's `auth:` names it."""
 
     client_id: str
-    client_secret: str | None = None
+    client_secret: str | None = field(default=None, repr=False)
+    method: str = "body"  # how it authenticates at the token endpoint: "body" or "basic" (HTTP Basic)
 
     @classmethod
     def of(cls, auth: Auth, environ: Mapping[str, str]) -> Client:
         assert auth.client_id is not None
         secret = render_secret(auth.client_secret, environ) if auth.client_secret is not None else None
-        return cls(render_secret(auth.client_id, environ), secret)
+        return cls(render_secret(auth.client_id, environ), secret, auth.auth_method)
 
-    def form(self) -> dict[str, str]:
-        return {"client_id": self.client_id, **({"client_secret": self.client_secret} if self.client_secret else {})}
+    def request(self, url: str, form: Mapping[str, str], timeout_s: float, verify_tls: bool) -> TokenRequest:
+        """A request to the server's token (or revocation) endpoint, authenticated as this client."""
+        if self.method == "basic" and self.client_secret is not None:
+            return TokenRequest(url, dict(form), (self.client_id, self.client_secret), timeout_s, verify_tls)
+        own = {"client_id": self.client_id, **({"client_secret": self.client_secret} if self.client_secret else {})}
+        return TokenRequest(url, {**form, **own}, None, timeout_s, verify_tls)
 
 
 class Directory:
@@ -97,7 +102,8 @@ class UserTokens:
         assert auth is not None
         if self.vault is None:
             raise errors.ToolMisconfigured(
-                "This tool acts for its user, and the fleet has no vault keys (TOOLWORKER_VAULT_KEYS). Tell the operator."
+                "This tool acts for its user, and the fleet has no vault keys (TOOLWORKER_VAULT_KEYS). "
+                "Tell the operator."
             )
         if user is None:
             raise errors.AuthorizationRequired(
@@ -152,15 +158,10 @@ class UserTokens:
         if timeout_s <= 0:
             raise errors.TimedOut("The call ran out of time before the user's token was refreshed.")
         endpoints = await self.directory.endpoints(auth, environ, transport, timeout_s, upstream.verify_tls)
-        form = {
-            "grant_type": "refresh_token",
-            "refresh_token": current.refresh_token,
-            **Client.of(auth, environ).form(),
-        }
+        form = {"grant_type": "refresh_token", "refresh_token": current.refresh_token}
+        request = Client.of(auth, environ).request(endpoints.token_url, form, timeout_s, upstream.verify_tls)
         try:
-            issued = await grant(
-                transport, TokenRequest(endpoints.token_url, form, None, timeout_s, upstream.verify_tls)
-            )
+            issued = await grant(transport, request)
         except errors.AuthorizationRequired:
             await self.vault.delete(user, upstream.name)
             await audit(self.vault.redis, "refresh_failed", user, upstream.name, self._audit_maxlen)

@@ -188,7 +188,7 @@ class Vault:
     async def connections(self, user: str) -> list[Connection]:
         """The user's connections that a key opens, by upstream name."""
         found = []
-        for raw in sorted(await self.redis.smembers(VAULT_USER_KEY_PREFIX + user_digest(user))):  # type: ignore[misc]
+        for raw in sorted(await self.redis.smembers(VAULT_USER_KEY_PREFIX + user_digest(user))):
             upstream = raw.decode() if isinstance(raw, bytes) else raw
             tokens = await self.get(user, upstream)
             if tokens is not None:
@@ -207,6 +207,6 @@ async def audit(redis: aioredis.Redis, event: str, user: str, upstream: str, max
     fields = {"time": now, "event": event, "principal": user, "upstream": upstream, **extra}
     log.info("vault.connection", **fields)
     try:
-        await redis.xadd(AUDIT_STREAM_KEY, fields, maxlen=maxlen, approximate=True)
+        await redis.xadd(AUDIT_STREAM_KEY, fields, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
     except Exception as exc:  # the log line above is the record of last resort
         log.warning("vault.audit_not_written", event=event, error=str(exc))

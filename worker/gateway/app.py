@@ -3,6 +3,7 @@
     /mcp            MCP over Streamable HTTP (the `mcp` SDK, stateless: any process answers any request)
     /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
     /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi_document.py)
+    /v1/connections users' connections to upstreams that act for them, and their consent pages (connections.py)
     /healthz        ready when a worker answers; /metrics
     /.well-known/oauth-protected-resource[/mcp]   where to get an access token (with `oauth:` access)
 
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from worker.gateway import openapi_document, version
 from worker.gateway.calls import Calls, open_calls
+from worker.gateway.connections import Connections
 from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
@@ -135,6 +137,8 @@ def _transport(server: Server[Any], settings: Settings, json_response: bool) -> 
 def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:
     timeout_s = settings.gateway_call_timeout_seconds
     yield from Rest(calls, timeout_s).routes()
+    if calls.delegation is not None:
+        yield from Connections(calls, calls.delegation).routes()
     yield from ToolServer(calls, timeout_s, version()).routes()
 
 

@@ -31,6 +31,7 @@ from worker.errors import UnknownTool
 from worker.gateway.audit import AuditTrail, Record, now_iso
 from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
+from worker.gateway.delegation import Delegation, open_delegation
 from worker.gateway.headers import forwarded
 from worker.gateway.health import FleetHealth
 from worker.gateway.identity import LOCAL, Principal
@@ -59,6 +60,8 @@ class CallSpec:
     trace: Mapping[str, str] = field(default_factory=dict)
     # Who asks: its name and tenant go with the call; its grant decides which tools it may call.
     principal: Principal = LOCAL
+    # The caller's validated OAuth access token, for an `oauth2_token_exchange` upstream (never enqueued).
+    subject_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Calls:
         health: FleetHealth,
         claim_ttl_s: int,
         audit: AuditTrail | None = None,
+        delegation: Delegation | None = None,
     ) -> None:
         self.client = client
         self.catalog = catalog
@@ -88,6 +92,7 @@ class Calls:
         self._redis = redis
         self._claims = Claims(redis, claim_ttl_s)
         self._audit = audit
+        self.delegation = delegation
 
     def visible(self, principal: Principal) -> Snapshot:
         """The catalog as `principal` sees it: the tools its grant allows, nothing else."""
@@ -109,7 +114,10 @@ class Calls:
         call_id = spec.call_id or str(uuid.uuid4())
         if spec.call_id is not None and not await self._claim(call_id, spec):
             return Submitted(call_id, tool, enqueued=False, principal=spec.principal)
-        headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
+        upstream = self.catalog.snapshot.upstream(tool)
+        headers = forwarded(spec.headers, upstream)
+        if self.delegation is not None and upstream.auth is not None and upstream.auth.type == "oauth2_token_exchange":
+            await self.delegation.exchange(spec.principal.name, upstream, spec.subject_token)
         call = (spec.tool, dict(spec.arguments), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
         who = spec.principal
@@ -123,6 +131,7 @@ class Calls:
                     trace=trace,
                     tenant=who.tenant,
                     principal=who.name,
+                    user=who.name,
                 )
         except BaseException:  # not enqueued: the same callId may be sent again
             if spec.call_id is not None:
@@ -199,10 +208,13 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
     redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     catalog = Catalog(settings, tags)
     audit = AuditTrail(redis, settings.audit_stream_maxlen)
+    delegation = open_delegation(settings, redis)
     try:
         await catalog.start(redis)
-        yield Calls(client, redis, catalog, FleetHealth(settings.redis_url), settings.result_ttl_seconds, audit)
+        health = FleetHealth(settings.redis_url)
+        yield Calls(client, redis, catalog, health, settings.result_ttl_seconds, audit, delegation)
     finally:
+        await delegation.close()
         await audit.drain()
         await catalog.close()
         await client.aclose()
