@@ -15,6 +15,8 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
   JSON-RPC error; arguments the tool's schema refuses are a tool error naming the field (the worker's).
 - Cancellation (the request's stream closed, or `notifications/cancelled`) takes a call that has not
   started off the queue.
+- A tool that acts for its user at an upstream the user has not connected: the user is asked to connect
+  first (consent.py, through asking.py), and the call goes on once connected.
 - Discovery mode (`--mode discovery`) lists four meta-tools instead of the catalog (discovery.py).
 """
 
@@ -43,8 +45,9 @@ from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import discovery, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
+from worker.gateway.consent import consent_first
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import LOCAL, Principal, principal_of
+from worker.gateway.identity import LOCAL, Principal, access_token_of, principal_of
 
 log = structlog.get_logger("toolworker.gateway.mcp")
 Mode = Literal["all", "discovery"]
@@ -145,10 +148,14 @@ class McpFront:
     ) -> dict[str, Any]:
         started = time.perf_counter()
         headers = _request_headers(ctx)
+        principal = _principal(ctx)
+        asked = await self._consent(ctx, name, principal)
+        if asked is not None:
+            return asked
         try:
             call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
             trace = tracing.context_from(_meta(params))
-            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, _principal(ctx))
+            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, principal, _access_token(ctx))
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
@@ -167,6 +174,14 @@ class McpFront:
             await self.calls.hold(submitted, spec)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         return tool_result(envelope, submitted.call_id, self.timeout_s)
+
+    async def _consent(self, ctx: Context, name: str, principal: Principal) -> dict[str, Any] | None:
+        """Before a call that acts for its user: the user's consent, asked for through the client if needed."""
+        tool = self.calls.visible(principal).tool(name)
+        if tool is None or self.calls.delegation is None:
+            return None  # an unknown tool is answered by the submission
+        upstream = self.calls.catalog.snapshot.upstream(tool)
+        return await consent_first(ctx, self.calls.delegation, upstream, principal.name)
 
     async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to
@@ -265,6 +280,10 @@ def _meta(params: types.RequestParams) -> Mapping[str, Any]:
 def _principal(ctx: Context) -> Principal:
     """Who sent the request (over HTTP, as the Guard admitted it; on stdio, the local operator)."""
     return principal_of(ctx.request.scope) if isinstance(ctx.request, Request) else LOCAL
+
+
+def _access_token(ctx: Context) -> str | None:
+    return access_token_of(ctx.request.scope) if isinstance(ctx.request, Request) else None
 
 
 def _asked_for_progress(ctx: Context) -> bool:
