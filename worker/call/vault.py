@@ -205,7 +205,7 @@ async def audit(redis: aioredis.Redis, event: str, user: str, upstream: str, max
     never a token."""
     now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
     fields = {"time": now, "event": event, "principal": user, "upstream": upstream, **extra}
-    log.info("vault.connection", **fields)
+    log.info("vault.connection", action=event, principal=user, upstream=upstream, **extra)
     try:
         await redis.xadd(AUDIT_STREAM_KEY, fields, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
     except Exception as exc:  # the log line above is the record of last resort
