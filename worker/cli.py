@@ -114,7 +114,19 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--principal", metavar="P", help="only this principal's calls")
     audit.add_argument("--since", metavar="T", help="from this time on: ISO 8601, or an age like 15m, 2h, 7d")
     audit.set_defaults(handler=_audit)
+    _connections_parser(commands)
     return parser
+
+
+def _connections_parser(commands: Any) -> None:
+    connections = commands.add_parser("connections", help="end users' connections to upstreams that act for them")
+    actions = connections.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="a user's connections: upstream, scopes, expiry (never a token)")
+    listing.add_argument("--user", required=True, metavar="U")
+    revoke = actions.add_parser("revoke", help="revoke a user's grant at the authorization server and remove it")
+    revoke.add_argument("--user", required=True, metavar="U")
+    revoke.add_argument("--upstream", required=True, metavar="X")
+    connections.set_defaults(handler=_connections)
 
 
 _MAX_RESTARTS = 5
@@ -441,6 +453,20 @@ def _audit(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def _connections(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker.gateway.connections import run_command
+
+    settings = get_settings()
+    _check_redis(settings)
+    toolset = _load_toolset([]) if args.action == "revoke" else None
+    code, lines = asyncio.run(run_command(settings, args.action, args.user, getattr(args, "upstream", None), toolset))
+    for line in lines:
+        print(line, file=sys.stdout if code == 0 else sys.stderr)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,15 +23,15 @@ from worker.dev.embedded import EmbeddedRedis, free_port
 VAULT_KEY = "k1:" + base64.b64encode(b"v" * 32).decode()
 PEOPLE_SECRET = "people-secret-0123456789abcdef"
 EXCHANGE_SECRET = "exchange-secret-0123456789abcdef"
-ALICE_TOKEN, BOB_TOKEN, CAROL_TOKEN, DAVE_TOKEN = (f"{n}-static-token-0123456789" for n in ("alice", "bob", "carol", "dave"))
+USERS = ("alice", "bob", "carol", "dave", "eve", "frank", "grace")
+ALICE_TOKEN, BOB_TOKEN, CAROL_TOKEN, DAVE_TOKEN, EVE_TOKEN, FRANK_TOKEN, GRACE_TOKEN = (
+    f"{n}-static-token-0123456789" for n in USERS
+)
 AGENT = OidcClient("agent-x", "agent-secret-0123456789abcdef", "tools.all", "default")
 ACCESS_TOKEN_TTL_S = 4  # short: calls across a few seconds see several refreshes
 ACCESS = """
 tokens:
-  alice: {{token: "{alice}", tools: ["*"]}}
-  bob: {{token: "{bob}", tools: ["*"]}}
-  carol: {{token: "{carol}", tools: ["*"]}}
-  dave: {{token: "{dave}", tools: ["*"]}}
+{tokens}
 oauth:
   issuer: {issuer}
   scopes: {{tools.all: {{tools: ["*"]}}}}
@@ -98,7 +98,9 @@ def consent(link: str, login: str) -> httpx2.Response:
         assert page.status_code == 200 and "/interaction/" in str(page.url), (page.status_code, page.text[:500])
         uid = re.search(r"/interaction/([^/?#]+)", str(page.url))
         assert uid is not None
-        return browser.post(str(page.url).split("/interaction/")[0] + f"/interaction/{uid.group(1)}", data={"login": login})
+        return browser.post(
+            str(page.url).split("/interaction/")[0] + f"/interaction/{uid.group(1)}", data={"login": login}
+        )
 
 
 def link_in(text: str) -> str:
@@ -123,7 +125,11 @@ def vault_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory)
     extra = {
         "upstream": {"resource": resource, "scope": "people.read", "accessTokenTTL": ACCESS_TOKEN_TTL_S},
         "userClients": [
-            {"client_id": "people-app", "client_secret": PEOPLE_SECRET, "redirect_uris": [public + "/v1/connections/callback"]}
+            {
+                "client_id": "people-app",
+                "client_secret": PEOPLE_SECRET,
+                "redirect_uris": [public + "/v1/connections/callback"],
+            }
         ],
         "exchangeClients": [{"client_id": "exchanger", "client_secret": EXCHANGE_SECRET}],
     }
@@ -136,8 +142,8 @@ def vault_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory)
         definitions.mkdir()
         (definitions / "people.yaml").write_text(DEFINITIONS.format(issuer=oidc.issuer, resource=resource))
         access = directory / "access.yaml"
-        tokens = dict(alice=ALICE_TOKEN, bob=BOB_TOKEN, carol=CAROL_TOKEN, dave=DAVE_TOKEN)
-        access.write_text(ACCESS.format(issuer=oidc.issuer, **tokens))
+        tokens = "\n".join(f'  {n}: {{token: "{n}-static-token-0123456789", tools: ["*"]}}' for n in USERS)
+        access.write_text(ACCESS.format(issuer=oidc.issuer, tokens=tokens))
         shared = dict(
             TOOLWORKER_VAULT_KEYS=VAULT_KEY,
             TOOLWORKER_GATEWAY_PUBLIC_URL=public,

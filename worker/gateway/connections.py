@@ -17,6 +17,7 @@ that is unknown, spent, expired or another browser's is refused (400) and nothin
 from __future__ import annotations
 
 import html
+import json
 import secrets
 
 import structlog
@@ -26,11 +27,13 @@ from starlette.routing import Route
 
 from worker import errors
 from worker.call.connect import CALLBACK_PATH
-from worker.definitions.model import Upstream
+from worker.connections import async_client
+from worker.definitions.model import ToolSet, Upstream
 from worker.gateway.calls import Calls
-from worker.gateway.delegation import Delegation
+from worker.gateway.delegation import Delegation, open_delegation
 from worker.gateway.identity import principal_of
 from worker.gateway.rest import error
+from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway.connections")
 BINDING_COOKIE = "toolworker_connect"
@@ -111,6 +114,28 @@ class Connections:
         response = _page(200, f"Connected {upstream.name}.", f"Calls for {pending.user} may now use it ({scopes}).")
         response.delete_cookie(BINDING_COOKIE, path=CALLBACK_PATH)
         return response
+
+
+async def run_command(
+    settings: Settings, action: str, user: str, upstream: str | None, toolset: ToolSet | None
+) -> tuple[int, list[str]]:
+    """`toolworker connections list|revoke`: the exit code and the lines to print."""
+    redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    delegation = open_delegation(settings, redis)
+    try:
+        if not delegation.enabled:
+            return 78, ["toolworker connections: TOOLWORKER_VAULT_KEYS is not set"]
+        if action == "list":
+            return 0, [json.dumps(c.to_dict()) for c in await delegation.connections(user)]
+        assert upstream is not None
+        defined = toolset.upstreams.get(upstream) if toolset is not None else None
+        revoked = await delegation.revoke(user, defined, upstream)
+        if revoked is None:
+            return 1, [f"toolworker connections: {user!r} has no connection to {upstream!r}"]
+        return 0, [json.dumps({"upstream": upstream, "removed": True, "revokedAtServer": revoked})]
+    finally:
+        await delegation.close()
+        await redis.aclose()
 
 
 def _page(status: int, title: str, text: str) -> HTMLResponse:
