@@ -4,9 +4,10 @@ What the client can do decides how:
 
     2026-07-28            an `input_required` result carrying the request; the client retries the call
                           with the human's answer in `inputResponses` (read here on the retry)
-    2025-11-25 and before `elicitation/create` on the request's back-channel where the client declared the
-                          mode; over stateless HTTP (no back-channel) a URL is asked for with the -32042
-                          error (URL elicitation required), and the client calls again once done
+    2025-11-25 and before `elicitation/create` on the request's back-channel (stdio) where the client
+                          declared the mode; over stateless HTTP, where neither a back-channel nor the
+                          handshake's capabilities reach the request, the -32042 error (URL elicitation
+                          required, the URL in its data and its message), and the client calls again
     neither               Answer("unsupported"): the caller says in its tool error what the human must do
 
 `ask_to_visit` sends the human to a URL (URL mode: a consent page that must not pass through the client).
@@ -47,15 +48,20 @@ async def ask_to_visit(ctx: Context, message: str, url: str, key: str | None = N
     key = key or "visit-" + hashlib.sha256(url.encode()).hexdigest()[:16]
     if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
         return _input_required(ctx, message, url, key)
+    if ctx.session.client_capabilities is None and ctx.request is not None:  # stateless HTTP
+        raise _url_required(message, url, key)
     if not _declared_url_mode(ctx):
         return Answer("unsupported")
     try:
         result = await ctx.session.elicit_url(message, url, key)
-    except NoBackChannelError:  # stateless HTTP: the client is told to visit the URL and call again
-        raise UrlElicitationRequiredError(
-            [types.ElicitRequestURLParams(mode="url", message=message, url=url, elicitation_id=key)], message
-        ) from None
+    except NoBackChannelError:  # the client is told to visit the URL and call again
+        raise _url_required(message, url, key) from None
     return Answer(result.action)
+
+
+def _url_required(message: str, url: str, key: str) -> UrlElicitationRequiredError:
+    params = types.ElicitRequestURLParams(mode="url", message=message, url=url, elicitation_id=key)
+    return UrlElicitationRequiredError([params], f"{message} {url}")
 
 
 def answered(ctx: Context, key_prefix: str) -> Answer | None:
