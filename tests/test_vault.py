@@ -124,9 +124,11 @@ def test_connections_are_listed_and_revoked_with_the_cli(vault_stack: VaultStack
     """`toolworker connections list --user U` and `revoke --user U --upstream X` do the same from a shell."""
     connect(vault_stack, EVE_TOKEN, "eve-account")
     listed = _cli(vault_stack, "list", "--user", "eve")
-    assert listed.returncode == 0 and json.loads(listed.stdout.splitlines()[-1])["upstream"] == "people", listed.stderr
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout.splitlines()[-1])["upstream"] == "people"
     revoked = _cli(vault_stack, "revoke", "--user", "eve", "--upstream", "people")
-    assert revoked.returncode == 0 and json.loads(revoked.stdout.splitlines()[-1])["revokedAtServer"] is True, revoked.stderr
+    assert revoked.returncode == 0, revoked.stderr
+    assert json.loads(revoked.stdout.splitlines()[-1])["revokedAtServer"] is True
     assert "people" not in _cli(vault_stack, "list", "--user", "eve").stdout
     assert rest_call(vault_stack, EVE_TOKEN)["exitCode"] == 67
 

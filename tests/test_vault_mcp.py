@@ -49,9 +49,8 @@ async def test_a_2025_client_with_url_elicitation_gets_32042_then_the_call_runs(
             await client.call_tool("whoami", {})
         assert raised.value.error.code == -32042
         elicitation = raised.value.error.data["elicitations"][0]
-        print(
-            f"2025-11-25 client with elicitation: error {raised.value.error.code}, {elicitation['mode']} {elicitation['url']}"
-        )
+        code, url = raised.value.error.code, elicitation["url"]
+        print(f"2025-11-25 client with elicitation: error {code}, {elicitation['mode']} {url}")
         page = await asyncio.to_thread(consent, elicitation["url"], "henry-account")
         assert page.status_code == 200, page.text
         result = await client.call_tool("whoami", {})
