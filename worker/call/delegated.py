@@ -59,15 +59,16 @@ class Directory:
     async def endpoints(
         self, auth: Auth, environ: Mapping[str, str], transport: HttpTransport, timeout_s: float, verify_tls: bool
     ) -> ServerEndpoints:
+        revocation = render_secret(auth.revocation_url, environ) if auth.revocation_url is not None else None
         if auth.issuer is None:
             assert auth.authorization_url is not None and auth.token_url is not None
-            token_url = render_secret(auth.token_url, environ)
-            return ServerEndpoints(auth.authorization_url, token_url, auth.revocation_url)
+            authorization = render_secret(auth.authorization_url, environ)
+            return ServerEndpoints(authorization, render_secret(auth.token_url, environ), revocation)
         found = self._found.get(auth.issuer)
         if found is None:
             found = self._found[auth.issuer] = await discover(transport, auth.issuer, timeout_s, verify_tls)
-        if auth.revocation_url:
-            return ServerEndpoints(found.authorization_url, found.token_url, auth.revocation_url, found.issuer)
+        if revocation:
+            return ServerEndpoints(found.authorization_url, found.token_url, revocation, found.issuer)
         return found
 
 

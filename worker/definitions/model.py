@@ -107,8 +107,8 @@ class Auth:
     # oauth2_user: the authorization server (its metadata, or its endpoints) and the scopes asked for;
     # oauth2_token_exchange: `scopes` and `audience` of the token asked for.
     issuer: str | None = None
-    authorization_url: str | None = None
-    revocation_url: str | None = None
+    authorization_url: Template | None = None
+    revocation_url: Template | None = None
     scopes: tuple[str, ...] = ()
 
     @property
@@ -119,7 +119,8 @@ class Auth:
     @property
     def templates(self) -> list[Template]:
         fields = (self.token, self.username, self.password, self.value, self.token_url, self.client_id)
-        return [t for t in (*fields, self.client_secret, *self.extra_params.values()) if t is not None]
+        endpoints = (self.authorization_url, self.revocation_url)
+        return [t for t in (*fields, *endpoints, self.client_secret, *self.extra_params.values()) if t is not None]
 
 
 @dataclass(frozen=True, slots=True)

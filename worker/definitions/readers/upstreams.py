@@ -49,8 +49,8 @@ class AuthModel(StrictModel):
     auth_method: Literal["body", "basic"] = "body"
     per_call_header: str | None = Field(None, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
     issuer: str | None = Field(None, pattern=r"^https?://")
-    authorization_url: str | None = Field(None, pattern=r"^https?://")
-    revocation_url: str | None = Field(None, pattern=r"^https?://")
+    authorization_url: str | None = None
+    revocation_url: str | None = None
     scopes: list[Annotated[str, Field(pattern=r"^[\x21\x23-\x5b\x5d-\x7e]+$")]] = []
 
 
@@ -118,8 +118,8 @@ def build_auth(name: str, model: AuthModel) -> Auth:
         auth_method=model.auth_method,
         per_call_header=model.per_call_header.lower() if model.per_call_header else None,
         issuer=model.issuer,
-        authorization_url=model.authorization_url,
-        revocation_url=model.revocation_url,
+        authorization_url=template(model.authorization_url),
+        revocation_url=template(model.revocation_url),
         scopes=tuple(model.scopes),
     )
 
