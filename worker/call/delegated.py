@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from worker import errors
-from worker.call.auth import REFRESH_AT_SHARE, single_flight
+from worker.call.auth import single_flight
 from worker.call.circuit import Clock
 from worker.call.connect import ConnectLinks
 from worker.call.rendering import render_secret
@@ -48,6 +48,16 @@ class Client:
             return TokenRequest(url, dict(form), (self.client_id, self.client_secret), timeout_s, verify_tls)
         own = {"client_id": self.client_id, **({"client_secret": self.client_secret} if self.client_secret else {})}
         return TokenRequest(url, {**form, **own}, None, timeout_s, verify_tls)
+
+
+def extra_params(auth: Auth, environ: Mapping[str, str]) -> dict[str, str]:
+    """The `extra_params` of an upstream's auth, rendered (e.g. `resource`, RFC 8707)."""
+    return {name: render_secret(value, environ) for name, value in auth.extra_params.items()}
+
+
+def token_url(auth: Auth, environ: Mapping[str, str]) -> str:
+    assert auth.token_url is not None
+    return render_secret(auth.token_url, environ)
 
 
 class Directory:
@@ -121,7 +131,7 @@ class UserTokens:
             vault.redis,
             record_key(user, upstream.name) + ":lock",
             lambda: vault.get(user, upstream.name),
-            lambda t: t.access_token != stale and now() < t.refresh_at(REFRESH_AT_SHARE),
+            lambda t: t.access_token != stale and not t.due(now()),
             lambda t: t.access_token != stale and t.usable(now()),
             refresh,
             deadline,

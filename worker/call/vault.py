@@ -27,6 +27,7 @@ import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from worker.call.auth import REFRESH_AT_SHARE
 from worker.constants import AUDIT_STREAM_KEY
 
 log = structlog.get_logger("toolworker.vault")
@@ -60,6 +61,10 @@ class TokenSet:
         if not self.expires_at:
             return float("inf")
         return self.obtained_at + share * (self.expires_at - self.obtained_at)
+
+    def due(self, now: float) -> bool:
+        """Whether it is time to refresh (or exchange) it again."""
+        return now >= self.refresh_at(REFRESH_AT_SHARE)
 
     def usable(self, now: float) -> bool:
         return not self.expires_at or now < self.expires_at

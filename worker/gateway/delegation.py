@@ -15,10 +15,8 @@ import redis.asyncio as aioredis
 import structlog
 
 from worker import errors
-from worker.call.auth import REFRESH_AT_SHARE
 from worker.call.connect import ConnectLinks, Pending
-from worker.call.delegated import Client, Directory
-from worker.call.rendering import render_secret
+from worker.call.delegated import Client, Directory, extra_params, token_url
 from worker.call.vault import Connection, Keyring, TokenSet, Vault, audit
 from worker.definitions.model import Auth, Upstream
 from worker.http.delegated import (
@@ -79,7 +77,7 @@ class Delegation:
         endpoints = await self.endpoints(upstream)
         pkce = Pkce.new()
         state = await self.links.begin(user, upstream.name, pkce.verifier, binding, link_expires_at)
-        extra = {k: render_secret(v, self.environ) for k, v in auth.extra_params.items()}
+        extra = extra_params(auth, self.environ)
         client = Client.of(auth, self.environ)
         return authorization_url(endpoints, client.client_id, self.links.redirect_uri, auth.scopes, state, pkce, extra)
 
@@ -96,7 +94,7 @@ class Delegation:
             "code": code,
             "redirect_uri": self.links.redirect_uri,
             "code_verifier": pending.verifier,
-            **{k: render_secret(v, self.environ) for k, v in auth.extra_params.items()},
+            **extra_params(auth, self.environ),
         }
         client = Client.of(auth, self.environ)
         request = client.request(endpoints.token_url, form, AUTHORIZATION_SERVER_TIMEOUT_S, upstream.verify_tls)
@@ -147,7 +145,7 @@ class Delegation:
         auth = upstream.auth
         assert auth is not None and auth.token_url is not None
         current = await self.vault.get(user, upstream.name) if self.enabled else None
-        if current is not None and time.time() < current.refresh_at(REFRESH_AT_SHARE):
+        if current is not None and not current.due(time.time()):
             return
         if subject_token is None or not self.enabled:
             return
@@ -168,9 +166,9 @@ class Delegation:
             "requested_token_type": ACCESS_TOKEN_TYPE,
             **({"audience": auth.audience} if auth.audience else {}),
             **({"scope": " ".join(auth.scopes)} if auth.scopes else {}),
-            **{k: render_secret(v, self.environ) for k, v in auth.extra_params.items()},
+            **extra_params(auth, self.environ),
         }
-        url = render_secret(auth.token_url, self.environ)
+        url = token_url(auth, self.environ)
         client = Client.of(auth, self.environ)
         issued = await grant(
             self.transport, client.request(url, form, AUTHORIZATION_SERVER_TIMEOUT_S, upstream.verify_tls)
