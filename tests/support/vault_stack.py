@@ -23,10 +23,11 @@ from worker.dev.embedded import EmbeddedRedis, free_port
 VAULT_KEY = "k1:" + base64.b64encode(b"v" * 32).decode()
 PEOPLE_SECRET = "people-secret-0123456789abcdef"
 EXCHANGE_SECRET = "exchange-secret-0123456789abcdef"
-USERS = ("alice", "bob", "carol", "dave", "eve", "frank", "grace", "henry", "ivy", "judy")
+USERS = ("alice", "bob", "carol", "dave", "eve", "frank", "grace", "henry", "ivy", "judy", "kate")
 ALICE_TOKEN, BOB_TOKEN, CAROL_TOKEN, DAVE_TOKEN, EVE_TOKEN, FRANK_TOKEN, GRACE_TOKEN = (
     f"{n}-static-token-0123456789" for n in USERS[:7]
 )
+KATE_TOKEN = "kate-static-token-0123456789"
 AGENT = OidcClient("agent-x", "agent-secret-0123456789abcdef", "tools.all", "default")
 ACCESS_TOKEN_TTL_S = 4  # short: calls across a few seconds see several refreshes
 ACCESS = """
