@@ -4,6 +4,9 @@ the gateway's first 401 naming its scopes."""
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -133,3 +136,17 @@ def test_only_the_browser_routes_are_open() -> None:
     assert is_open_path("/v1/connections/people/authorize") and is_open_path("/v1/connections/callback")
     assert not is_open_path("/v1/connections") and not is_open_path("/v1/connections/people")
     assert not is_open_path("/v1/connections/a/b/authorize")
+
+
+@pytest.mark.parametrize("command", ["worker", "gateway", "mcp"])
+def test_unusable_vault_keys_stop_a_process_at_start(command: str) -> None:
+    """A worker or gateway with a malformed TOOLWORKER_VAULT_KEYS says why and exits 78, never with a
+    traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+    env["TOOLWORKER_VAULT_KEYS"] = "k1:c2hvcnQ="
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", command], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 78, done.stderr
+    assert "TOOLWORKER_VAULT_KEYS: 'k1' is not `kid:BASE64(32 bytes)`" in done.stderr
+    assert "Traceback" not in done.stderr

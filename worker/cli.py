@@ -156,6 +156,8 @@ def _worker(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
+    if not _vault_keys_usable(settings):
+        return 78
     concurrency = args.concurrency or settings.concurrency
     processes = args.processes or settings.processes
     from worker.queue.supervisor import SUPERVISED_ENV
@@ -373,7 +375,21 @@ def _gateway(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
+    if not _vault_keys_usable(settings):
+        return 78
     return serve(settings, Options(args.tag, args.mode), args.host, args.port)
+
+
+def _vault_keys_usable(settings: Settings) -> bool:
+    """TOOLWORKER_VAULT_KEYS parses (or is empty); else says why, on stderr."""
+    from worker.call.vault import Keyring, VaultKeyError
+
+    try:
+        Keyring.parse(settings.vault_keys.get_secret_value())
+    except VaultKeyError as exc:
+        print(f"toolworker: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -383,6 +399,8 @@ def _mcp(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
+    if not _vault_keys_usable(settings):
+        return 78
     return serve_stdio(settings, Options(args.tag, args.mode))
 
 
