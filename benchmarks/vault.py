@@ -75,10 +75,16 @@ def _serve(port: int) -> None:
         body = {"access_token": f"at-{count}", "refresh_token": f"rt-{count}", "expires_in": lifetime_s}
         return web.json_response(body)
 
+    async def long_token(request: web.Request) -> web.Response:
+        return await token(request, 3600)
+
+    async def short_token(request: web.Request) -> web.Response:  # due again at once: every call refreshes
+        return await token(request, 0.001)
+
     app = web.Application()
     app.router.add_get("/me", me)
-    app.router.add_post("/token", lambda r: token(r, 3600))
-    app.router.add_post("/short-token", lambda r: token(r, 0.001))  # due again at once: every call refreshes
+    app.router.add_post("/token", long_token)
+    app.router.add_post("/short-token", short_token)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 

@@ -74,10 +74,12 @@ def metadata_urls(issuer: str) -> list[str]:
 
 
 async def discover(transport: HttpTransport, issuer: str, timeout_s: float, verify_tls: bool) -> ServerEndpoints:
-    """The issuer's endpoints from its metadata, which must name the same issuer; ToolMisconfigured (78)
-    when neither document answers with them."""
+    """The issuer's endpoints from its metadata, which must name the same issuer; UpstreamUnavailable (69)
+    when the server cannot be reached, ToolMisconfigured (78) when neither document answers with them."""
+    reached = False
     for url in metadata_urls(issuer):
-        response = await _get(transport, url, timeout_s, verify_tls)
+        answered, response = await _get(transport, url, timeout_s, verify_tls)
+        reached = reached or answered
         if response is None:
             continue
         named, auth_url, token_url = (response.get(k) for k in ("issuer", "authorization_endpoint", "token_endpoint"))
@@ -91,20 +93,30 @@ async def discover(transport: HttpTransport, issuer: str, timeout_s: float, veri
             )
         revocation = response.get("revocation_endpoint")
         return ServerEndpoints(auth_url, token_url, revocation if isinstance(revocation, str) else None, str(named))
+    if not reached:
+        raise errors.UpstreamUnavailable("The authorization server cannot be reached. Try again later.")
     raise errors.ToolMisconfigured("The authorization server publishes no metadata. Tell the operator.")
 
 
-async def _get(transport: HttpTransport, url: str, timeout_s: float, verify_tls: bool) -> dict[str, object] | None:
+async def _get(
+    transport: HttpTransport, url: str, timeout_s: float, verify_tls: bool
+) -> tuple[bool, dict[str, object] | None]:
+    """Whether the server answered at all, and the JSON object it answered 200 with."""
     origin = URL(url, encoded=True).origin()
     request = PreparedRequest("GET", url, (("Accept", "application/json"),), None, frozenset(), frozenset())
     spec = PoolSpec(f"(token) {origin}", verify_tls, 4, timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
             response = await transport.send(request, spec, Limits(_MAX_METADATA_BYTES, timeout_s), _no_redirect, origin)
+    except (TimeoutError, errors.TransportError):
+        return False, None
+    except errors.ToolError:  # a redirect, a malformed URL: it answered, unusably
+        return True, None
+    try:
         data = json.loads(response.body) if response.status == 200 else None
-    except (TimeoutError, errors.ToolError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    except ValueError:
+        data = None
+    return response.status < 500, data if isinstance(data, dict) else None
 
 
 def _no_redirect(target: URL) -> None:
