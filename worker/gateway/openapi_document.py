@@ -289,7 +289,11 @@ def _connection_paths() -> JSON:
             "get": _operation(
                 "openConnectLink",
                 "A connect link (single use, for one user): redirects the browser to the authorization server",
-                {"302": {"description": "To the authorization server (state and PKCE S256)."}, "400": browser},
+                {
+                    "302": {"description": "To the authorization server (state and PKCE S256)."},
+                    "400": browser,
+                    "502": {**_HTML, "description": "The authorization server cannot be reached."},
+                },
                 parameters=[
                     _UPSTREAM,
                     {"name": "ticket", "in": "query", "required": True, "schema": {"type": "string"}},
