@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import approvals, console, gateway, identity, pipeline, replicas, tenants, tracing
+from benchmarks import approvals, console, gateway, identity, pipeline, replicas, tenants, tracing, vault
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -518,7 +518,7 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
     only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only or args.replicas_only
-    only = only or args.console_only or args.approvals_only
+    only = only or args.console_only or args.approvals_only or args.vault_only
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
         if not only:
@@ -542,6 +542,9 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
             print("identity: static tokens and JWT at the gateway", file=sys.stderr, flush=True)
             rounds = 1 if args.quick else TRACING_ROUNDS
             results["identity"] = identity.run(server.url, sizes.calls, sizes.light_calls, rounds)
+        if not only or args.vault_only:
+            print("vault: what acting for a user adds to a call", file=sys.stderr, flush=True)
+            results["vault"] = vault.run(server.url, args.quick)
         if not only or args.tenants_only:
             print("tenants: the fair take against the take before tenants", file=sys.stderr, flush=True)
             rounds, burst = (1, TENANTS_QUICK_BURST) if args.quick else (TENANTS_ROUNDS, TENANTS_BURST)
@@ -570,6 +573,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gateway-only", action="store_true", help="only the gateway's rows (about two minutes)")
     parser.add_argument("--tracing-only", action="store_true", help="only the tracing rows (about two minutes)")
     parser.add_argument("--identity-only", action="store_true", help="only the gateway's JWT-against-static rows")
+    parser.add_argument("--vault-only", action="store_true", help="only the vault's rows (about a minute)")
     parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
@@ -609,6 +613,8 @@ def main(argv: list[str] | None = None) -> None:
         identity.print_section(results["identity"])
     if results.get("tenants"):
         tenants.print_section(results["tenants"])
+    if results.get("vault"):
+        vault.print_section(results["vault"])
     if results.get("replicas"):
         replicas.print_section(results["replicas"])
     if results.get("console"):

@@ -159,7 +159,7 @@ def test_mcp_example(demo_stack: str, readme_gateway: Gateway) -> None:
     """The MCP example lists the tools and calls one through the gateway, with the SDK's client."""
     block = the_block("python", "from mcp import Client")
     lines = run_snippet(block, demo_stack, readme_gateway.url).splitlines()
-    assert lines[0] == "7 catalog_list"  # the four demo tools and the three catalog tools
+    assert lines[0] == "8 catalog_list"  # the five demo tools (my_profile acts for its user) and three catalog tools
     is_error, status, text = lines[1].split(" ", 2)
     assert (is_error, status) == ("False", "200") and json.loads(text)["id"] == "TICKET-123"
 

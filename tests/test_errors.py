@@ -23,6 +23,6 @@ def test_every_error_class_has_its_own_exit_code() -> None:
     leaves = [c for c in classes if not any(o is not c and issubclass(o, c) for o in classes)]
     codes = {c.exit_code for c in leaves}
     assert len(codes) == len(leaves)
-    # SPEC §4's table, but 0 and 22 (an answer, not an exception)
-    assert codes == {3, 6, 7, 28, 35, 47, 52, 56, 63, 64, 65, 69, 70, 75, 77, 78}
+    # SPEC §4's table, but 0 and 22 (an answer, not an exception), and §14's 67 (the user must connect)
+    assert codes == {3, 6, 7, 28, 35, 47, 52, 56, 63, 64, 65, 67, 69, 70, 75, 77, 78}
     assert len({c.type for c in leaves}) == len(leaves)

@@ -50,6 +50,12 @@ SEAMS = {
 # The one module of queue/ the client uses: the tenant scheduler owns the tenant keys, and enqueuing for a
 # tenant runs its script, which keeps the list of tenants with work in step with their lists.
 ACROSS_SEAMS = {("worker.client", "worker.queue.scheduler")}
+# The vault's modules, which the gateway uses too: it stores what a user granted (the OAuth callback), makes
+# connect links (consent over MCP), and exchanges tokens at enqueue with the same client and directory of
+# authorization servers the workers refresh with. Nothing else of call/.
+VAULT_MODULES = ("worker.call.vault", "worker.call.connect", "worker.call.delegated")
+GATEWAY_MODULES = ("worker.gateway.delegation", "worker.gateway.connections", "worker.gateway.security")
+ACROSS_SEAMS |= {(gateway, vault) for gateway in GATEWAY_MODULES for vault in VAULT_MODULES}
 # The OpenAPI reader's modules, each using only those before it.
 OPENAPI = "worker.definitions.readers.openapi"
 OPENAPI_ORDER = ["refs", "schemas", "operations", "tools", "importer", "entries"]

@@ -156,6 +156,17 @@ def _approvals_parser(commands: Any) -> None:
         action.set_defaults(handler=_approvals_decide, decision=decision)
 
 
+def _connections_parser(commands: Any) -> None:
+    connections = commands.add_parser("connections", help="end users' connections to upstreams that act for them")
+    actions = connections.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="a user's connections: upstream, scopes, expiry (never a token)")
+    listing.add_argument("--user", required=True, metavar="U")
+    revoke = actions.add_parser("revoke", help="revoke a user's grant at the authorization server and remove it")
+    revoke.add_argument("--user", required=True, metavar="U")
+    revoke.add_argument("--upstream", required=True, metavar="X")
+    connections.set_defaults(handler=_connections)
+
+
 _MAX_RESTARTS = 5
 
 
@@ -183,6 +194,8 @@ def _worker(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
+    if not _vault_keys_usable(settings):
+        return 78
     concurrency = args.concurrency or settings.concurrency
     processes = args.processes or settings.processes
     from worker.queue.supervisor import SUPERVISED_ENV
@@ -400,7 +413,21 @@ def _gateway(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
+    if not _vault_keys_usable(settings):
+        return 78
     return serve(settings, Options(args.tag, args.mode), args.host, args.port)
+
+
+def _vault_keys_usable(settings: Settings) -> bool:
+    """TOOLWORKER_VAULT_KEYS parses (or is empty); else says why, on stderr."""
+    from worker.call.vault import Keyring, VaultKeyError
+
+    try:
+        Keyring.parse(settings.vault_keys.get_secret_value())
+    except VaultKeyError as exc:
+        print(f"toolworker: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -410,6 +437,8 @@ def _mcp(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_format, settings.log_level)
+    if not _vault_keys_usable(settings):
+        return 78
     return serve_stdio(settings, Options(args.tag, args.mode))
 
 
@@ -474,6 +503,20 @@ def _audit(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def _connections(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker.gateway.connections import run_command
+
+    settings = get_settings()
+    _check_redis(settings)
+    toolset = _load_toolset([]) if args.action == "revoke" else None
+    code, lines = asyncio.run(run_command(settings, args.action, args.user, getattr(args, "upstream", None), toolset))
+    for line in lines:
+        print(line, file=sys.stdout if code == 0 else sys.stderr)
+    return code
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
@@ -541,7 +584,7 @@ def _audit_action(settings: Settings, name: str, target: str) -> None:
 
 
 # The commands registered apart from `_parser`'s own lines, in the order `--help` lists them.
-_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser)
+_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser)
 
 
 if __name__ == "__main__":  # pragma: no cover

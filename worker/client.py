@@ -109,17 +109,25 @@ class AsyncToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
+        user: str | None = None,
     ) -> ToolResult:
-        return (await self.acall_many([(tool, arguments or {}, headers or {})], timeout=timeout, tenant=tenant))[0]
+        """One call; `user` names whom it acts for (the vault's tokens of `oauth2_user` upstreams)."""
+        spec = (tool, arguments or {}, headers or {})
+        return (await self.acall_many([spec], timeout=timeout, tenant=tenant, user=user))[0]
 
     async def acall_many(
-        self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S, tenant: str | None = None
+        self,
+        calls: Sequence[CallSpec],
+        *,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        tenant: str | None = None,
+        user: str | None = None,
     ) -> list[ToolResult]:
         """Run many calls as one message; results come back in order. Raises RedisLost when Redis does not
         answer within `timeout` plus CLIENT_SLACK_S."""
         _check_timeout(timeout)  # before it bounds anything
         started = time.monotonic()
-        enqueue = self.submit_many(calls, timeout=timeout, tenant=tenant)
+        enqueue = self.submit_many(calls, timeout=timeout, tenant=tenant, user=user)
         call_ids = await self._bounded(enqueue, timeout, "while enqueuing the call (it may be enqueued all the same)")
         wait_s = max(0.0, started + timeout - time.monotonic())
         return await self._collect(call_ids, [spec[0] for spec in calls], wait_s, timeout)
@@ -133,6 +141,7 @@ class AsyncToolClient:
         trace: Mapping[str, str] | None = None,
         tenant: str | None = None,
         principal: str | None = None,
+        user: str | None = None,
     ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
         calls carry the active span's trace context (OpenTelemetry), else `trace` when given; they are
@@ -153,6 +162,8 @@ class AsyncToolClient:
             common["tenant"] = tenant
         if principal is not None:
             common["principal"] = principal
+        if user is not None:
+            common["user"] = checked_user(user)
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
         messages = [_message(spec, call_id, common) for spec, call_id in zip(calls, ids, strict=True)]
         loop = asyncio.get_running_loop()
@@ -356,6 +367,13 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 
+def checked_user(user: str) -> str:
+    """A user name as a call may carry it (1 to 256 characters)."""
+    if not isinstance(user, str) or not 0 < len(user) <= 256:
+        raise ValueError("user must be a string of 1 to 256 characters")
+    return user
+
+
 def checked_tenant(tenant: str) -> str:
     """A tenant name as the workers accept it (else they would refuse the call with 65)."""
     if not re.fullmatch(TENANT_PATTERN, tenant):
@@ -424,8 +442,10 @@ class ToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
+        user: str | None = None,
     ) -> ToolResult:
-        return self._run(self._async.acall(tool, arguments, headers=headers, timeout=timeout, tenant=tenant), timeout)
+        called = self._async.acall(tool, arguments, headers=headers, timeout=timeout, tenant=tenant, user=user)
+        return self._run(called, timeout)
 
     def submit(
         self,
@@ -435,19 +455,26 @@ class ToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
+        user: str | None = None,
     ) -> CallHandle:
         # Returns at once, so that calls submitted in a row leave together in batch messages.
         call_id = str(uuid.uuid4())
         spec = (tool, arguments or {}, headers or {})
         sent = asyncio.run_coroutine_threadsafe(
-            self._async.submit_many([spec], timeout=timeout, call_ids=[call_id], tenant=tenant), self._loop.loop
+            self._async.submit_many([spec], timeout=timeout, call_ids=[call_id], tenant=tenant, user=user),
+            self._loop.loop,
         )
         return CallHandle(self, call_id, sent)
 
     def call_many(
-        self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S, tenant: str | None = None
+        self,
+        calls: Iterable[CallSpec],
+        *,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        tenant: str | None = None,
+        user: str | None = None,
     ) -> list[ToolResult]:
-        return self._run(self._async.acall_many(list(calls), timeout=timeout, tenant=tenant), timeout)
+        return self._run(self._async.acall_many(list(calls), timeout=timeout, tenant=tenant, user=user), timeout)
 
     def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.tools(tags), DEFAULT_CALL_TIMEOUT_S)

@@ -5,6 +5,7 @@
     │   ├── MalformedURL         3
     │   ├── UnknownTool          64
     │   ├── InvalidArguments     65
+    │   ├── AuthorizationRequired 67 (the call's user has not connected the upstream: the message says where)
     │   ├── UpstreamUnavailable  69  (circuit open)
     │   ├── InternalError        70
     │   ├── DeadlineExceeded     75
@@ -76,6 +77,14 @@ class UnknownTool(RequestError):
 class InvalidArguments(RequestError):
     exit_code = 65
     type = "invalid_arguments"
+
+
+class AuthorizationRequired(RequestError):
+    """The call acts for a user who has not granted this upstream access (or whose grant was withdrawn):
+    it was not sent; the message gives the connect URL when there is one (curl's 67, "login denied")."""
+
+    exit_code = 67
+    type = "authorization_required"
 
 
 class UpstreamUnavailable(RequestError):

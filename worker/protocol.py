@@ -58,6 +58,9 @@ class ToolCall(BaseModel):
     # principal's name, never its credential.
     tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN)
     principal: str | None = Field(None, min_length=1, max_length=256)
+    # Whom the call acts for: the vault's token set of this user is used for `oauth2_user` upstreams (the
+    # gateway sets its principal; a producer names it, trusted like the rest of the message).
+    user: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("traceparent", "tracestate", "enqueued_at", mode="wrap")
     @classmethod

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     # The gateway's URL as its clients reach it (behind a load balancer: the public one); the OAuth
     # resource is this + /mcp, and the Protected Resource Metadata names it.
     gateway_public_url: str = ""
+    # The vault of end users' tokens (worker/call/vault.py): comma-separated `kid:BASE64(32 bytes)` AES-GCM
+    # keys; the first encrypts, every one decrypts (a rotation). Empty: `oauth2_user` upstreams cannot be used.
+    vault_keys: SecretStr = SecretStr("")
+    # How long a connect URL (and the authorization it starts) stays usable.
+    connect_ttl_seconds: int = Field(600, ge=10, le=86_400)
     # Longest the audit stream (one entry per call the gateway takes) grows to; older entries are trimmed.
     audit_stream_maxlen: int = Field(1_000_000, ge=1)
     # The operators' console (/console on the gateway): how long a signed-in session lasts without use.
@@ -83,6 +88,11 @@ class Settings(BaseSettings):
     @property
     def gateway_token_list(self) -> list[str]:
         return [t.strip() for t in self.gateway_tokens.get_secret_value().split(",") if t.strip()]
+
+    @property
+    def public_url(self) -> str:
+        """The gateway's URL as users' browsers reach it (connect URLs, the OAuth callback)."""
+        return (self.gateway_public_url or f"http://{self.gateway_host}:{self.gateway_port}").rstrip("/")
 
     @property
     def dns_server_list(self) -> list[str]:

@@ -58,6 +58,8 @@ class OidcServer:
     port: int = field(default_factory=free_port)
     keys: list[SigningKey] = field(default_factory=lambda: [SigningKey.new("key-1")])
     process: subprocess.Popen[bytes] | None = None
+    # More of oidc_server.mjs's configuration: "upstream", "userClients", "exchangeClients" (end users' tokens).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def issuer(self) -> str:
@@ -72,6 +74,7 @@ class OidcServer:
             "resource": self.resource,
             "keys": [k.jwk() for k in self.keys],
             "clients": [c.__dict__ for c in self.clients],
+            **self.extra,
         }
         config.write_text(json.dumps(body))
         with (self.directory / "oidc.log").open("ab") as log:

@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote, urlencode
 
 import redis.asyncio as aioredis
@@ -32,11 +33,15 @@ from worker.http.oauth import Token, TokenRequest, fetch_token
 from worker.http.transport import HttpTransport, PreparedRequest
 from worker.protocol import ToolCall
 
+if TYPE_CHECKING:  # delegated.py builds on this module's single_flight
+    from worker.call.delegated import UserTokens
+
 TOKEN_KEY_PREFIX = "toolworker:oauth:"
 # A token is refreshed once this share of its lifetime has passed (workers keep using it meanwhile).
 REFRESH_AT_SHARE = 0.8
 _LOCK_MS = 15_000
 _POLL_S = 0.05
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,30 +88,25 @@ class TokenCache:
     ) -> CachedToken:
         if self._redis is None:  # no fleet to share with
             return self._cached(await fetch())
-        while True:
-            current = await self._read(key)
-            if current is not None and current.fresh(stale, self._clock()):
-                return current
-            if await self._redis.set(key + ":lock", "1", nx=True, px=_LOCK_MS):
-                try:
-                    return await self._refresh(key, fetch, stale)
-                finally:
-                    await self._redis.delete(key + ":lock")
-            if current is not None and current.usable(stale, self._clock()):
-                return current  # another worker is refreshing it; this one is good meanwhile
-            if self._clock() >= deadline:
-                raise errors.TimedOut("The call ran out of time waiting for the upstream's access token.")
-            await asyncio.sleep(_POLL_S)
 
-    async def _refresh(self, key: str, fetch: Callable[[], Awaitable[Token]], stale: str | None) -> CachedToken:
-        current = await self._read(key)  # another worker may have refreshed it since this one looked
-        if current is not None and current.fresh(stale, self._clock()):
-            return current
-        cached = self._cached(await fetch())
-        record = {"token": cached.value, "expiresAt": cached.expires_at, "refreshAt": cached.refresh_at}
-        assert self._redis is not None
-        await self._redis.set(key, json.dumps(record), px=max(1, int((cached.expires_at - self._clock()) * 1000)))
-        return cached
+        async def renew(current: CachedToken | None) -> CachedToken:
+            cached = self._cached(await fetch())
+            record = {"token": cached.value, "expiresAt": cached.expires_at, "refreshAt": cached.refresh_at}
+            assert self._redis is not None
+            ttl_ms = max(1, int((cached.expires_at - self._clock()) * 1000))
+            await self._redis.set(key, json.dumps(record), px=ttl_ms)
+            return cached
+
+        return await single_flight(
+            self._redis,
+            key + ":lock",
+            lambda: self._read(key),
+            lambda t: t.fresh(stale, self._clock()),
+            lambda t: t.usable(stale, self._clock()),
+            renew,
+            deadline,
+            self._clock,
+        )
 
     async def _read(self, key: str) -> CachedToken | None:
         assert self._redis is not None
@@ -130,12 +130,18 @@ async def authorize(
     deadline: float,
     transport: HttpTransport,
     stale: str | None = None,
+    users: UserTokens | None = None,
 ) -> tuple[PreparedRequest, str | None]:
     """The request with the upstream's credential on it, and the OAuth2 token used (for a 401's retry)."""
     auth = upstream.auth
     if auth is None:
         return request, None
     env = environ
+    if auth.delegated:  # the call's user's own token, from the vault
+        if users is None:
+            raise errors.ToolMisconfigured("This tool acts for its user, and this worker has no vault.")
+        token = await users.token(call.user, upstream, env, transport, deadline, stale)
+        return _with_header(request, "Authorization", f"Bearer {token}", token), token
     user = _per_call(auth, call)
     if user is not None:
         return _credential(request, auth, user), None
@@ -145,6 +151,38 @@ async def authorize(
         )
         return _with_header(request, "Authorization", f"Bearer {token}", token), token
     return _credential(request, auth, _static(auth, env)), None
+
+
+async def single_flight(
+    redis: aioredis.Redis,
+    lock_key: str,
+    read: Callable[[], Awaitable[T | None]],
+    fresh: Callable[[T], bool],
+    usable: Callable[[T], bool],
+    renew: Callable[[T | None], Awaitable[T]],
+    deadline: float,
+    clock: Clock = time.time,
+) -> T:
+    """A value shared by the fleet, renewed by one worker at a time (the holder of `lock_key`): fresh, it is
+    used; stale, one worker renews it (after looking again under the lock) while the others keep using it if
+    it is still usable, or wait for the new one within `deadline` (TimedOut past it)."""
+    while True:
+        current = await read()
+        if current is not None and fresh(current):
+            return current
+        if await redis.set(lock_key, "1", nx=True, px=_LOCK_MS):
+            try:
+                current = await read()  # another worker may have renewed it since this one looked
+                if current is not None and fresh(current):
+                    return current
+                return await renew(current)
+            finally:
+                await redis.delete(lock_key)
+        if current is not None and usable(current):
+            return current  # another worker is renewing it; this one is good meanwhile
+        if clock() >= deadline:
+            raise errors.TimedOut("The call ran out of time waiting for the upstream's access token.")
+        await asyncio.sleep(_POLL_S)
 
 
 def _per_call(auth: Auth, call: ToolCall) -> str | None:

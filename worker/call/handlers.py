@@ -80,7 +80,15 @@ class DefinedTool(HttpHandler):
     async def prepare(self, job: Job, runtime: Runtime, stale: str | None = None) -> tuple[PreparedRequest, str | None]:
         request = render(job.tool, job.upstream, job.arguments, job.call.headers, runtime.environ)
         request, token = await authorize(
-            request, job.upstream, job.call, runtime.environ, runtime.tokens, job.deadline, runtime.transport, stale
+            request,
+            job.upstream,
+            job.call,
+            runtime.environ,
+            runtime.tokens,
+            job.deadline,
+            runtime.transport,
+            stale,
+            runtime.users,
         )
         return with_idempotency_key(request, job.upstream, job.call), token
 

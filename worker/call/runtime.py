@@ -10,7 +10,9 @@ from jsonschema import Draft202012Validator
 from worker import errors
 from worker.call.auth import TokenCache
 from worker.call.circuit import Breakers
+from worker.call.delegated import UserTokens
 from worker.call.fairness import FairTurns
+from worker.call.vault import Keyring
 from worker.constants import TOOL_ALIASES
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
@@ -31,6 +33,7 @@ class Runtime:
         transport: HttpTransport | None = None,
         policy: EgressPolicy | None = None,
         redis: aioredis.Redis | None = None,
+        users: UserTokens | None = None,
     ) -> None:
         self.toolset = toolset
         self.environ = environ
@@ -40,6 +43,8 @@ class Runtime:
         self.redis = redis
         self.breakers = Breakers()
         self.tokens = TokenCache(redis)
+        # End users' tokens (the vault); without keys, tools that act for a user are refused (78).
+        self.users = users or UserTokens(redis, Keyring([]), None, 0)
         self._validators: dict[str, Draft202012Validator] = {}
         self._turns: dict[str, FairTurns] = {}
 

@@ -95,7 +95,9 @@ class Tenant:
     source: Source = Source("<builtin>")
 
 
-AUTH_TYPES = ("bearer", "basic", "api_key", "oauth2_client_credentials")
+AUTH_TYPES = ("bearer", "basic", "api_key", "oauth2_client_credentials", "oauth2_user", "oauth2_token_exchange")
+# Auth types whose token is an end user's, kept per (user, upstream) in the vault (worker/call/vault.py).
+DELEGATED_AUTH_TYPES = frozenset({"oauth2_user", "oauth2_token_exchange"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +120,23 @@ class Auth:
     auth_method: str = "body"  # how the client authenticates at the token URL: "body" or "basic"
     # A call header (lower case) whose value, when the call has it, replaces the upstream's own credential.
     per_call_header: str | None = None
+    # oauth2_user: the authorization server (its metadata, or its endpoints) and the scopes asked for;
+    # oauth2_token_exchange: `scopes` and `audience` of the token asked for.
+    issuer: str | None = None
+    authorization_url: Template | None = None
+    revocation_url: Template | None = None
+    scopes: tuple[str, ...] = ()
+
+    @property
+    def delegated(self) -> bool:
+        """Whether the credential is an end user's, from the vault."""
+        return self.type in DELEGATED_AUTH_TYPES
 
     @property
     def templates(self) -> list[Template]:
         fields = (self.token, self.username, self.password, self.value, self.token_url, self.client_id)
-        return [t for t in (*fields, self.client_secret, *self.extra_params.values()) if t is not None]
+        endpoints = (self.authorization_url, self.revocation_url)
+        return [t for t in (*fields, *endpoints, self.client_secret, *self.extra_params.values()) if t is not None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ import random
 
 from aiohttp import web
 
+from worker.dev import authserver
+
 _TICKETS = {
     "TICKET-123": {"id": "TICKET-123", "status": "open", "priority": "high", "title": "Checkout fails on Safari"},
     "TICKET-124": {"id": "TICKET-124", "status": "closed", "priority": "low", "title": "Typo on pricing page"},
@@ -43,6 +45,7 @@ def make_app() -> web.Application:
     app.router.add_get("/tickets", search_tickets)
     app.router.add_post("/tickets", create_ticket)
     app.router.add_get("/weather", weather)
+    authserver.AuthServer().routes(app)  # an authorization server and a profile API that acts for its users
     return app
 
 

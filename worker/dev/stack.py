@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -28,6 +29,8 @@ def run_dev_stack(flower_port: int = 5555) -> int:
     env.setdefault("TOOLWORKER_DEMO_URL", f"http://127.0.0.1:{demo_port}")
     env.setdefault("TOOLWORKER_LOG_FORMAT", "console")
     gateway_port = GATEWAY_PORT if _port_free(GATEWAY_PORT) else free_port()
+    env.setdefault("TOOLWORKER_GATEWAY_PUBLIC_URL", f"http://127.0.0.1:{gateway_port}")
+    env.setdefault("TOOLWORKER_VAULT_KEYS", _dev_vault_key(Path(".dev") / "vault.key"))
     processes = _start_processes(env, demo_port, flower_port, gateway_port)
     signal.signal(signal.SIGTERM, _interrupt)  # stopped by a supervisor: clean up like Ctrl-C
     _print_banner(env, flower_port, gateway_port)
@@ -70,11 +73,22 @@ def _print_banner(env: dict[str, str], flower_port: int, gateway_port: int) -> N
         "Try, in another shell:\n"
         f"  TOOLWORKER_REDIS_URL={redis_url} .venv/bin/toolworker call ticket_lookup --arg ticket_id=TICKET-123\n"
         f'  curl -s {gateway}/v1/calls -d \'{{"tool": "ticket_lookup", "arguments": {{"ticket_id": "TICKET-123"}}}}\'\n'
+        "Acting for a user (docs/guides/acting-for-users.md): the first call answers 67 with a link to open;\n"
+        f'  curl -s {gateway}/v1/calls -d \'{{"tool": "my_profile"}}\'   then open the link, Allow, call again\n'
         f"An MCP client over HTTP: point it at {gateway}/mcp. A desktop MCP client (stdio) runs `toolworker mcp`;\n"
         f"add this to its configuration (e.g. claude_desktop_config.json):\n{config}\n"
         "Ctrl-C stops everything.\n",
         flush=True,
     )
+
+
+def _dev_vault_key(path: Path) -> str:
+    """The dev stack's vault key, made once and kept beside its Redis data (so connections survive a restart)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("dev:" + base64.b64encode(os.urandom(32)).decode())
+        path.chmod(0o600)
+    return path.read_text().strip()
 
 
 def _supervise(processes: dict[str, subprocess.Popen[bytes]]) -> int:

@@ -3,6 +3,7 @@
     /mcp            MCP over Streamable HTTP (the `mcp` SDK, stateless: any process answers any request)
     /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
     /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi_document.py)
+    /v1/connections users' connections to upstreams that act for them, and their consent pages (connections.py)
     /healthz        ready when a worker answers; /metrics
     /console        the operators' console (console/): HTML pages behind a session of its own
     /.well-known/oauth-protected-resource[/mcp]   where to get an access token (with `oauth:` access)
@@ -32,8 +33,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from worker.gateway import openapi_document, version
 from worker.gateway.calls import Calls, open_calls
+from worker.gateway.connections import Connections
 from worker.gateway.console import open_console
-from worker.gateway.console.sources import Extensions, ParkedCalls
+from worker.gateway.console.sources import Extensions, ParkedCalls, UserConnections
 from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
@@ -98,9 +100,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_calls(settings, options.tags) as calls,
-            open_console(
-                settings, calls, keeper.tokens, not keeper.required, Extensions(ParkedCalls(calls.decisions))
-            ) as console,
+            open_console(settings, calls, keeper.tokens, not keeper.required, _console_pages(calls)) as console,
         ):
             front = McpFront(calls, options.mode, settings.gateway_page_size, settings.gateway_call_timeout_seconds)
             server = front.server()
@@ -143,6 +143,8 @@ def _transport(server: Server[Any], settings: Settings, json_response: bool) -> 
 def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:
     timeout_s = settings.gateway_call_timeout_seconds
     yield from Rest(calls, timeout_s).routes()
+    if calls.delegation is not None:
+        yield from Connections(calls, calls.delegation).routes()
     yield from ToolServer(calls, timeout_s, version()).routes()
 
 
@@ -202,3 +204,10 @@ def serve(settings: Settings, options: Options, host: str | None = None, port: i
     )
     uvicorn.Server(config).run()
     return 0
+
+
+def _console_pages(calls: Calls) -> Extensions:
+    """The console's pages of features with state of their own: approvals, and users' connections when the
+    gateway has a vault."""
+    vault = calls.delegation if calls.delegation is not None and calls.delegation.enabled else None
+    return Extensions(ParkedCalls(calls.decisions), None if vault is None else UserConnections(vault))

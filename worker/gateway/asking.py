@@ -1,85 +1,115 @@
-"""Asking the human behind an MCP client, through the protocol, in both of its generations (form mode).
+"""Asking the human behind an MCP client, through the protocol, before a call goes on: a yes/no question
+(form mode: a call that needs approval) or a page to visit (URL mode: consent to act for the user, a page
+that must not pass through the client).
 
-    2026-07-28   the request is answered with an `input_required` result carrying the question (an
-                 `elicitation/create` form); the client asks its human and sends the request again with
-                 `inputResponses`, answered from them. Nothing is kept between the two rounds, so the
-                 second may reach another gateway process.
-    earlier      an `elicitation/create` request on the open request, where the client declared the
-                 elicitation capability.
-
-A client that can do neither cannot be asked (`CannotAsk`): the caller says what the human can do instead.
+    2026-07-28            an `input_required` result carrying the question; the client asks its human and
+                          sends the request again with the answer in `inputResponses`, read here on that
+                          retry. Nothing is kept between the rounds, so the second may reach another gateway.
+    2025-11-25 and before `elicitation/create` on the request's back-channel (stdio) where the client
+                          declared elicitation; a URL over stateless HTTP, where neither a back-channel nor the
+                          handshake's capabilities reach the request: the -32042 error (URL elicitation
+                          required, the URL in its data and its message), and the client calls again
+    neither               Answer("unsupported"): the caller says in its tool error what the human can do
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
+import mcp_types as types
 from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import NoBackChannelError, UrlElicitationRequiredError
 from mcp_types.version import is_version_at_least
 
 Context = ServerRequestContext[Any, Any]
+Action = Literal["accept", "decline", "cancel", "pending", "unsupported"]
 INPUT_REQUIRED_VERSION = "2026-07-28"
+INPUT_RESPONSES_KEY = "inputResponses"
 # A question whose answer is the action alone (accept, decline or cancel): an empty form.
 CONFIRM_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-class Answer(StrEnum):
-    ACCEPT = "accept"
-    DECLINE = "decline"
-    CANCEL = "cancel"
+_ANSWERS = ("accept", "decline", "cancel")
 
 
 @dataclass(frozen=True)
-class InputRequired:
-    """The result that asks (2026-07-28): the request's answer for this round."""
+class Answer:
+    """The human's answer; `pending`: `result` is the question to answer the request with now (2026-07-28),
+    the answer comes with the request's retry; `unsupported`: this client cannot be asked."""
 
-    result: dict[str, Any]
+    action: Action
+    result: Mapping[str, Any] | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.action == "accept"
 
 
-class CannotAsk(Exception):
-    """The client can receive no question (it declared no elicitation, or its request has no back-channel)."""
-
-
-async def ask_to_confirm(ctx: Context, key: str, message: str) -> Answer | InputRequired:
-    """The human's answer to a yes/no question (`key` names it among the request's input requests), or,
-    in a 2026-07-28 request's first round, the result that asks it."""
-    if not _elicits(ctx):
-        raise CannotAsk(message)
-    if is_version_at_least(ctx.protocol_version, INPUT_REQUIRED_VERSION):
-        response = _input_responses(ctx).get(key)
-        if response is None:
-            return InputRequired(_asking(key, message))
-        return _answer(response)
+async def ask_to_confirm(ctx: Context, key: str, message: str) -> Answer:
+    """A yes/no question (`key` names it among the request's input requests)."""
+    if not _declared(ctx, "form"):
+        return Answer("unsupported")
+    if _asks_by_result(ctx):
+        return answered(ctx, key) or _input_required(key, {"mode": "form", "message": message, **_CONFIRM})
     if not ctx.session.can_send_request:
-        raise CannotAsk(message)
+        return Answer("unsupported")
     result = await ctx.session.elicit_form(message, CONFIRM_SCHEMA, ctx.request_id)
     return Answer(result.action)
 
 
-def _elicits(ctx: Context) -> bool:
+async def ask_to_visit(ctx: Context, key: str, message: str, url: str) -> Answer:
+    """Ask the human to open `url` and say when done (`key` names the question, across a retry too)."""
+    if _asks_by_result(ctx):
+        if not _declared(ctx, "url"):
+            return Answer("unsupported")
+        return answered(ctx, key) or _input_required(key, {"mode": "url", "message": message, "url": url})
+    if ctx.session.client_capabilities is None and ctx.request is not None:  # stateless HTTP
+        raise _url_required(message, url, key)
+    if not _declared(ctx, "url"):
+        return Answer("unsupported")
+    try:
+        result = await ctx.session.elicit_url(message, url, key)
+    except NoBackChannelError:  # the client is told to visit the URL and call again
+        raise _url_required(message, url, key) from None
+    return Answer(result.action)
+
+
+def answered(ctx: Context, key: str) -> Answer | None:
+    """On a 2026-07-28 retry: the answer given to the question `key` (anything but an action counts as
+    cancel); None when the request carries none."""
+    responses = (ctx.params or {}).get(INPUT_RESPONSES_KEY)
+    response = responses.get(key) if isinstance(responses, Mapping) else None
+    if response is None:
+        return None
+    action = response.get("action") if isinstance(response, Mapping) else None
+    return Answer(action if action in _ANSWERS else "cancel")
+
+
+_CONFIRM = {"requestedSchema": CONFIRM_SCHEMA}
+
+
+def _asks_by_result(ctx: Context) -> bool:
+    return is_version_at_least(ctx.protocol_version, INPUT_REQUIRED_VERSION)
+
+
+def _declared(ctx: Context, mode: Literal["form", "url"]) -> bool:
+    """The client declared elicitation (form mode is what a bare `elicitation: {}` means), in `mode`."""
     capabilities = ctx.session.client_capabilities
-    return capabilities is not None and capabilities.elicitation is not None
+    elicitation = getattr(capabilities, "elicitation", None)
+    if elicitation is None:
+        return False
+    return mode == "form" or getattr(elicitation, "url", None) is not None
 
 
-def _asking(key: str, message: str) -> dict[str, Any]:
-    question = {"mode": "form", "message": message, "requestedSchema": CONFIRM_SCHEMA}
-    return {
+def _input_required(key: str, question: dict[str, Any]) -> Answer:
+    result = {
         "resultType": "input_required",
         "inputRequests": {key: {"method": "elicitation/create", "params": question}},
-        # Echoed back by the client; the answer itself is in its inputResponses.
-        "requestState": key,
+        "requestState": key,  # echoed back by the client; the answer itself is in its inputResponses
     }
+    return Answer("pending", result)
 
 
-def _input_responses(ctx: Context) -> Mapping[str, Any]:
-    responses = (ctx.params or {}).get("inputResponses")
-    return responses if isinstance(responses, Mapping) else {}
-
-
-def _answer(response: Any) -> Answer:
-    """An elicitation result's action; anything else counts as no answer (cancel)."""
-    action = response.get("action") if isinstance(response, Mapping) else None
-    return Answer(action) if action in {a.value for a in Answer} else Answer.CANCEL
+def _url_required(message: str, url: str, key: str) -> UrlElicitationRequiredError:
+    params = types.ElicitRequestURLParams(mode="url", message=message, url=url, elicitation_id=key)
+    return UrlElicitationRequiredError([params], f"{message} {url}")

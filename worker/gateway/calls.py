@@ -32,6 +32,7 @@ from worker.gateway.audit import AuditTrail, Decision, Record, now_iso
 from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
 from worker.gateway.decisions import Decisions
+from worker.gateway.delegation import Delegation, open_delegation
 from worker.gateway.headers import forwarded
 from worker.gateway.health import FleetHealth
 from worker.gateway.identity import LOCAL, Principal
@@ -64,6 +65,8 @@ class CallSpec:
     principal: Principal = LOCAL
     # A tool that needs approval: who approved the call before it was enqueued (asked through MCP).
     approved_by: str | None = None
+    # The caller's validated OAuth access token, for an `oauth2_token_exchange` upstream (never enqueued).
+    subject_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class Calls:
         health: FleetHealth,
         claim_ttl_s: int,
         audit: AuditTrail | None = None,
+        delegation: Delegation | None = None,
         stream_maxlen: int = 100_000,
     ) -> None:
         self.client = client
@@ -97,6 +101,7 @@ class Calls:
         self.audit = audit
         # Parked calls: what waits for a human, and their decisions (any gateway process decides on any).
         self.decisions = Decisions(redis, Publisher(redis, claim_ttl_s, stream_maxlen), audit)
+        self.delegation = delegation
 
     def visible(self, principal: Principal) -> Snapshot:
         """The catalog as `principal` sees it: the tools its grant allows, nothing else."""
@@ -124,7 +129,10 @@ class Calls:
             return Submitted(call_id, tool, enqueued=False, principal=spec.principal)
         if spec.approved_by is not None:
             await self._grant(call_id, tool, spec)
-        headers = forwarded(spec.headers, self.catalog.snapshot.upstream(tool))
+        upstream = self.catalog.snapshot.upstream(tool)
+        headers = forwarded(spec.headers, upstream)
+        if self.delegation is not None and upstream.auth is not None and upstream.auth.type == "oauth2_token_exchange":
+            await self.delegation.exchange(spec.principal.name, upstream, spec.subject_token)
         call = (spec.tool, dict(spec.arguments), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
         who = spec.principal
@@ -138,6 +146,7 @@ class Calls:
                     trace=trace,
                     tenant=who.tenant,
                     principal=who.name,
+                    user=who.name,
                 )
         except BaseException:  # not enqueued: the same callId may be sent again
             if spec.call_id is not None:
@@ -224,11 +233,15 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
     redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     catalog = Catalog(settings, tags)
     audit = AuditTrail(redis, settings.audit_stream_maxlen)
+    delegation = open_delegation(settings, redis)
     try:
         await catalog.start(redis)
         health = FleetHealth(settings.redis_url)
-        yield Calls(client, redis, catalog, health, settings.result_ttl_seconds, audit, settings.reply_stream_maxlen)
+        yield Calls(
+            client, redis, catalog, health, settings.result_ttl_seconds, audit, delegation, settings.reply_stream_maxlen
+        )
     finally:
+        await delegation.close()
         await audit.drain()
         await catalog.close()
         await client.aclose()

@@ -43,6 +43,8 @@ Action = Literal["approve", "operate"]
 EVERY_ACTION: frozenset[str] = frozenset(get_args(Action))
 # The principal of a request, as the Guard found it (ASGI scopes take custom keys).
 PRINCIPAL_SCOPE_KEY = "toolworker.principal"
+# The request's OAuth access token, once validated (for token exchange; never a static token).
+ACCESS_TOKEN_SCOPE_KEY = "toolworker.access_token"
 # Signature algorithms an access token may use unless the access file says otherwise: asymmetric only.
 DEFAULT_ALGORITHMS = ("RS256", "PS256", "ES256", "EdDSA")
 _ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"})
@@ -99,6 +101,12 @@ def principal_of(scope: Scope) -> Principal:
     """The principal the Guard admitted for this request (the local one when the gateway has no tokens)."""
     found = scope.get(PRINCIPAL_SCOPE_KEY)
     return found if isinstance(found, Principal) else LOCAL
+
+
+def access_token_of(scope: Scope) -> str | None:
+    """The validated OAuth access token the request carried, if it carried one (not a static token)."""
+    found = scope.get(ACCESS_TOKEN_SCOPE_KEY)
+    return found if isinstance(found, str) else None
 
 
 # --- the access file ---------------------------------------------------------------------------------

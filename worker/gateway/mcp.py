@@ -19,6 +19,8 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
   is granted instead (a tool error).
 - Cancellation (the request's stream closed, or `notifications/cancelled`) takes a call that has not
   started off the queue.
+- A tool that acts for its user at an upstream the user has not connected: the user is asked to connect
+  first (consent.py, through asking.py), and the call goes on once connected.
 - Discovery mode (`--mode discovery`) lists four meta-tools instead of the catalog (discovery.py).
 """
 
@@ -48,8 +50,9 @@ from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import asking, discovery, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
+from worker.gateway.consent import consent_first
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import LOCAL, Principal, principal_of
+from worker.gateway.identity import LOCAL, Principal, access_token_of, principal_of
 from worker.queue import approvals
 
 log = structlog.get_logger("toolworker.gateway.mcp")
@@ -160,13 +163,18 @@ class McpFront:
     ) -> dict[str, Any]:
         started = time.perf_counter()
         headers = _request_headers(ctx)
+        principal = _principal(ctx)
+        asked = await self._consent(ctx, name, principal)
+        if asked is not None:
+            return asked
         try:
             call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
             trace = tracing.context_from(_meta(params))
             approved_by = await self._approval(ctx, name, arguments)
             if isinstance(approved_by, dict):  # the question, or the reason nothing was sent
                 return approved_by
-            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, _principal(ctx), approved_by)
+            token = _access_token(ctx)
+            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, principal, approved_by, token)
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
@@ -195,17 +203,24 @@ class McpFront:
             return None
         target = approvals.target(tool, self.calls.catalog.snapshot.upstream(tool), arguments)
         question = f"Allow this tool call? {name}: {target}, arguments {json.dumps(arguments, ensure_ascii=False)}"
-        try:
-            answer = await asking.ask_to_confirm(ctx, APPROVAL_INPUT_KEY, question)
-        except asking.CannotAsk:
+        answer = await asking.ask_to_confirm(ctx, APPROVAL_INPUT_KEY, question)
+        if answer.action == "unsupported":
             return _text_result(HOW_TO_APPROVE.format(tool=name), is_error=True)
-        if isinstance(answer, asking.InputRequired):
-            return answer.result
-        if answer is not asking.Answer.ACCEPT:
-            text = f"The user did not approve this call to {name} ({answer.value}); it was not sent."
+        if answer.result is not None:  # the question (2026-07-28)
+            return dict(answer.result)
+        if not answer.accepted:
+            text = f"The user did not approve this call to {name} ({answer.action}); it was not sent."
             return _text_result(text, is_error=True)
         log.info("gateway.call_approved", tool=name, principal=principal.name)
         return principal.name
+
+    async def _consent(self, ctx: Context, name: str, principal: Principal) -> dict[str, Any] | None:
+        """Before a call that acts for its user: the user's consent, asked for through the client if needed."""
+        tool = self.calls.visible(principal).tool(name)
+        if tool is None or self.calls.delegation is None:
+            return None  # an unknown tool is answered by the submission
+        upstream = self.calls.catalog.snapshot.upstream(tool)
+        return await consent_first(ctx, self.calls.delegation, upstream, principal.name)
 
     async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to
@@ -304,6 +319,10 @@ def _meta(params: types.RequestParams) -> Mapping[str, Any]:
 def _principal(ctx: Context) -> Principal:
     """Who sent the request (over HTTP, as the Guard admitted it; on stdio, the local operator)."""
     return principal_of(ctx.request.scope) if isinstance(ctx.request, Request) else LOCAL
+
+
+def _access_token(ctx: Context) -> str | None:
+    return access_token_of(ctx.request.scope) if isinstance(ctx.request, Request) else None
 
 
 def _asked_for_progress(ctx: Context) -> bool:

@@ -161,6 +161,15 @@ SCHEMAS: JSON = {
             "upstream": {"type": "string"},
         },
     },
+    "Connection": {
+        "type": "object",
+        "description": "A user's grant to an upstream that acts for them (never a token).",
+        "properties": {
+            "upstream": {"type": "string"},
+            "scopes": {"type": "array", "items": {"type": "string"}},
+            "expiresAt": {"type": ["string", "null"], "format": "date-time"},
+        },
+    },
     "ToolList": {
         "type": "object",
         "properties": {"version": {"type": "integer"}, "tools": {"type": "array", "items": {"type": "object"}}},
@@ -312,6 +321,73 @@ def _approval_paths() -> JSON:
     }
 
 
+_UPSTREAM = {"name": "upstream", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+_HTML = {"description": "A short page for the user.", "content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+def _connection_paths() -> JSON:
+    """Users' connections (connections.py): the caller's own, and the two pages a user's browser opens."""
+    listing = {"type": "object", "properties": {"connections": {"type": "array", "items": _ref("Connection")}}}
+    removed = {
+        "type": "object",
+        "properties": {
+            "upstream": {"type": "string"},
+            "removed": {"type": "boolean"},
+            "revokedAtServer": {"type": "boolean"},
+        },
+    }
+    browser = {**_HTML, "description": "The link or the authorization is not valid (unknown, used, expired)."}
+    return {
+        "/v1/connections": {
+            "get": _operation(
+                "listConnections",
+                "The caller's connections to upstreams that act for it: upstream, scopes, expiry",
+                {"200": _json(listing, "The caller's own connections."), **_ERRORS},
+            )
+        },
+        "/v1/connections/{upstream}": {
+            "delete": _operation(
+                "revokeConnection",
+                "Revoke the caller's grant at the authorization server (RFC 7009) and remove the connection",
+                {
+                    "200": _json(removed, "Removed; revokedAtServer says whether the server took the revocation."),
+                    "404": _json(_ref("Error"), "The caller has no connection to this upstream."),
+                    **_ERRORS,
+                },
+                parameters=[_UPSTREAM],
+            )
+        },
+        "/v1/connections/{upstream}/authorize": {
+            "get": _operation(
+                "openConnectLink",
+                "A connect link (single use, for one user): redirects the browser to the authorization server",
+                {
+                    "302": {"description": "To the authorization server (state and PKCE S256)."},
+                    "400": browser,
+                    "502": {**_HTML, "description": "The authorization server cannot be reached."},
+                },
+                parameters=[
+                    _UPSTREAM,
+                    {"name": "ticket", "in": "query", "required": True, "schema": {"type": "string"}},
+                ],
+                security=[],
+            )
+        },
+        "/v1/connections/callback": {
+            "get": _operation(
+                "connectCallback",
+                "The authorization server's redirect back: the code is exchanged and the connection stored",
+                {"200": _HTML, "400": browser},
+                parameters=[
+                    {"name": name, "in": "query", "required": name == "state", "schema": {"type": "string"}}
+                    for name in ("state", "code", "iss", "error")
+                ],
+                security=[],
+            )
+        },
+    }
+
+
 def document(server_url: str, version: str) -> JSON:
     return {
         "openapi": "3.1.0",
@@ -322,7 +398,7 @@ def document(server_url: str, version: str) -> JSON:
         },
         "servers": [{"url": server_url}],
         "security": [{"bearer": []}],
-        "paths": {**_paths(), **_approval_paths()},
+        "paths": {**_paths(), **_approval_paths(), **_connection_paths()},
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -47,7 +47,7 @@ from worker.gateway.calls import (
 )
 from worker.gateway.decisions import NotAllowed
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import principal_of
+from worker.gateway.identity import access_token_of, principal_of
 from worker.queue.approvals import NotParked
 
 Format = Literal["summary", "openai", "anthropic", "mcp"]
@@ -216,8 +216,9 @@ class Rest:
     def _spec(self, body: CallBody, request: Request) -> CallSpec:
         headers = {**request.headers, **{k.lower(): v for k, v in body.headers.items()}}
         timeout_s = body.timeoutSeconds or self.default_timeout_s
+        principal, subject_token = principal_of(request.scope), access_token_of(request.scope)
         return CallSpec(
-            body.tool, body.arguments, headers, body.callId, timeout_s, principal=principal_of(request.scope)
+            body.tool, body.arguments, headers, body.callId, timeout_s, principal=principal, subject_token=subject_token
         )
 
     async def _answer(

@@ -8,6 +8,7 @@ body caps.
   403 `insufficient_scope`. Without tokens the gateway serves loopback only (app.py binds it so);
   `/healthz` and the Protected Resource Metadata need no token; nor does `/console`, whose pages check a
   session of their own (gateway/console/gate.py).
+- A connect link and the OAuth callback (connections.py) are a browser's, without a bearer token.
 - A browser page may reach `/mcp` only from an allowed Origin (DNS rebinding, drive-by pages); a
   request without Origin (not a browser) passes.
 - A body larger than `TOOLWORKER_GATEWAY_MAX_BODY_BYTES` is refused (413) before any route reads it.
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from worker.gateway.identity import PRINCIPAL_SCOPE_KEY, Principal, StaticTokens
+from worker.call.connect import CALLBACK_PATH
+from worker.gateway.identity import ACCESS_TOKEN_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, Principal, StaticTokens
 from worker.gateway.oauth import WELL_KNOWN_RESOURCE_PATH, InvalidToken, IssuerUnavailable, JwtVerifier
 
 OPEN_PATHS = frozenset({"/healthz"})
@@ -70,23 +72,32 @@ class Gatekeeper:
         return bool(self.tokens) or self.verifier is not None
 
     async def admit(self, header: bytes) -> Principal | Refusal:
+        return (await self.identify(header))[0]
+
+    async def identify(self, header: bytes) -> tuple[Principal | Refusal, str | None]:
+        """The principal (or the refusal), and the OAuth access token when it was one."""
         scheme, _, given = header.partition(b" ")
         if scheme.lower() != b"bearer" or not given.strip():
-            return self._refusal(401, "unauthorized", "A valid bearer token is required (Authorization: Bearer ...).")
+            refusal = self._refusal(
+                401, "unauthorized", "A valid bearer token is required (Authorization: Bearer ...)."
+            )
+            return refusal, None
         token = given.strip()
-        principal = self.tokens.match(token)
+        principal, access_token = self.tokens.match(token), None
         if principal is None and self.verifier is not None:
             try:
-                principal = await self.verifier.principal(token.decode("latin-1"))
+                access_token = token.decode("latin-1")
+                principal = await self.verifier.principal(access_token)
             except IssuerUnavailable as exc:  # not the token's fault: the client may try again later
-                return Refusal(503, "unavailable", str(exc), [(b"retry-after", b"10")])
+                return Refusal(503, "unavailable", str(exc), [(b"retry-after", b"10")]), None
             except InvalidToken as exc:
-                return self._refusal(401, "invalid_token", str(exc), error="invalid_token")
+                return self._refusal(401, "invalid_token", str(exc), error="invalid_token"), None
         if principal is None:
-            return self._refusal(401, "invalid_token", "The bearer token is not valid.", error="invalid_token")
+            return self._refusal(401, "invalid_token", "The bearer token is not valid.", error="invalid_token"), None
         if principal.grant.empty:
-            return self._refusal(403, "insufficient_scope", "The token grants no tool.", error="insufficient_scope")
-        return principal
+            refusal = self._refusal(403, "insufficient_scope", "The token grants no tool.", error="insufficient_scope")
+            return refusal, None
+        return principal, access_token
 
     def _refusal(self, status: int, kind: str, message: str, error: str | None = None) -> Refusal:
         return Refusal(status, kind, message, [(b"www-authenticate", self._challenge(message, error).encode())])
@@ -96,8 +107,8 @@ class Gatekeeper:
         params = ['realm="toolworker"']
         if error is not None:
             params += [f'error="{error}"', f'error_description="{_quotable(message)}"']
-            if error == "insufficient_scope" and self.verifier is not None:
-                params.append(f'scope="{" ".join(sorted(self.verifier.spec.scopes))}"')
+        if self.verifier is not None and self.verifier.spec.scopes:  # RFC 6750 §3: the scopes to ask for
+            params.append(f'scope="{" ".join(sorted(self.verifier.spec.scopes))}"')
         if self.resource_metadata_url is not None:
             params.append(f'resource_metadata="{self.resource_metadata_url}"')
         return "Bearer " + ", ".join(params)
@@ -148,12 +159,14 @@ class Guard:
         path: str = scope["path"]
         if not self.gatekeeper.required or path in OPEN_PATHS or path.startswith(WELL_KNOWN_RESOURCE_PATH):
             return None
-        if path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/"):
+        if is_open_path(path):  # the console (sessions of its own), a connect link, the OAuth callback
             return None
-        admitted = await self.gatekeeper.admit(dict(scope["headers"]).get(b"authorization", b""))
+        admitted, access_token = await self.gatekeeper.identify(dict(scope["headers"]).get(b"authorization", b""))
         if isinstance(admitted, Refusal):
             return admitted
         scope[PRINCIPAL_SCOPE_KEY] = admitted
+        if access_token is not None:
+            scope[ACCESS_TOKEN_SCOPE_KEY] = access_token
         return None
 
     def _refusal(self, scope: Scope) -> Refusal | None:
@@ -209,6 +222,16 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+def is_open_path(path: str) -> bool:
+    """A browser's routes: the console (its pages check a session of their own), a connect link
+    (`/v1/connections/{upstream}/authorize`, its ticket is the credential) and the authorization server's
+    redirect back (connections.py)."""
+    if path in (CALLBACK_PATH, CONSOLE_PREFIX) or path.startswith(CONSOLE_PREFIX + "/"):
+        return True
+    parts = path.split("/")
+    return len(parts) == 5 and parts[1:3] == ["v1", "connections"] and parts[4] == "authorize" and bool(parts[3])
 
 
 def is_loopback(host: str) -> bool:

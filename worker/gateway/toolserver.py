@@ -33,7 +33,7 @@ from worker.gateway.bodies import BadBody, json_body
 from worker.gateway.calls import QUEUE_FULL_RETRY_AFTER_S, Calls, CallSpec
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import principal_of
+from worker.gateway.identity import access_token_of, principal_of
 
 MAX_ENV_TOOLS_SHOWN = 50
 NOT_READY = 450
@@ -147,7 +147,10 @@ class ToolServer:
         if env is not None and tool.upstream != env:
             raise UnknownTool(f"{env}/{name}")
         started = time.perf_counter()
-        spec = CallSpec(name, arguments, request.headers, None, self.timeout_s, principal=principal)
+        subject_token = access_token_of(request.scope)
+        spec = CallSpec(
+            name, arguments, request.headers, None, self.timeout_s, principal=principal, subject_token=subject_token
+        )
         submitted = await self.calls.submit(spec)
         parked = self.calls.needs_approval(tool)  # it waits for a human: nothing to wait for here
         envelope = None if parked else await self.calls.answer(submitted, self.timeout_s)

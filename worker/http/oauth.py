@@ -20,6 +20,8 @@ from worker import errors
 from worker.http.transport import HttpTransport, Limits, PoolSpec, PreparedRequest, Response
 
 _MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
+# Form fields whose values are secrets (kept out of errors and logs like the client secret).
+SECRET_FORM_FIELDS = frozenset({"client_secret", "code", "code_verifier", "refresh_token", "subject_token", "token"})
 # Token requests are one per token lifetime for the whole fleet: a small pool per token endpoint.
 _TOKEN_POOL_CONNECTIONS = 4
 
@@ -42,6 +44,12 @@ class Token:
 async def fetch_token(transport: HttpTransport, request: TokenRequest, default_lifetime_s: float = 3600.0) -> Token:
     """One token request; UpstreamUnavailable (69) when the endpoint cannot answer, ToolMisconfigured (78)
     when it refuses the client, redirects, or answers without a token."""
+    return _token(await post_form(transport, request), default_lifetime_s)
+
+
+async def post_form(transport: HttpTransport, request: TokenRequest) -> Response:
+    """A form POST to an authorization server's endpoint (never redirected); UpstreamUnavailable (69) when
+    it cannot answer (5xx, 429, no connection), the response otherwise."""
     origin = URL(request.url, encoded=True).origin()
     spec = PoolSpec(f"(token) {origin}", request.verify_tls, _TOKEN_POOL_CONNECTIONS, request.timeout_s)
     limits = Limits(_MAX_TOKEN_RESPONSE_BYTES, request.timeout_s)
@@ -59,12 +67,12 @@ async def fetch_token(transport: HttpTransport, request: TokenRequest, default_l
             f"The upstream's token endpoint is unavailable (HTTP {response.status}), so the call was not sent. "
             "Try again later."
         )
-    return _token(response, default_lifetime_s)
+    return response
 
 
 def _prepared(request: TokenRequest) -> PreparedRequest:
     headers = [("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json")]
-    secrets = {value for name, value in request.form.items() if name == "client_secret"}
+    secrets = {value for name, value in request.form.items() if name in SECRET_FORM_FIELDS}
     if request.basic:
         headers.append(("Authorization", aiohttp.encode_basic_auth(*request.basic)))
         secrets.add(request.basic[1])

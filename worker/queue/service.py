@@ -11,11 +11,15 @@ import os
 import time
 from typing import Any, Literal
 
+import redis.asyncio as aioredis
 import structlog
 
 from worker import errors, metrics, tracing
+from worker.call.connect import ConnectLinks
+from worker.call.delegated import UserTokens
 from worker.call.run import run_call
 from worker.call.runtime import Runtime
+from worker.call.vault import Keyring
 from worker.connections import connect, sync_client
 from worker.definitions import file_store, redis_store
 from worker.definitions.builtin import served_toolset
@@ -157,6 +161,13 @@ def _parse(message: Any, task_id: str, index: int | None) -> tuple[ToolCall | To
     return call, call.reply_to
 
 
+def user_tokens(settings: Settings, client: aioredis.Redis) -> UserTokens:
+    """The vault as the worker reads it (its connect links point at the gateway's public URL)."""
+    keyring = Keyring.parse(settings.vault_keys.get_secret_value())
+    links = ConnectLinks(client, keyring, settings.public_url, settings.connect_ttl_seconds) if keyring else None
+    return UserTokens(client, keyring, links, settings.audit_stream_maxlen)
+
+
 def build_service(settings: Settings, bundles: redis_store.Bundles | None = None) -> Service:
     """The service of a worker process, its definitions loaded (and, for the file store, its routes and
     files announced)."""
@@ -170,6 +181,7 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
         transport=HttpTransport(policy, settings.dns_server_list),
         policy=policy,
         redis=client,
+        users=user_tokens(settings, client),
     )
     publisher = Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen)
     gate = Gate(client, runtime, settings.approval_ttl_seconds, settings.result_ttl_seconds)

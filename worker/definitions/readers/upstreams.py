@@ -67,7 +67,7 @@ def build_approval(setting: ApprovalSetting | None) -> Approval | None:
 class AuthModel(StrictModel):
     """`auth:` of an upstream; which fields a type needs is checked by `build_auth`."""
 
-    type: Literal["bearer", "basic", "api_key", "oauth2_client_credentials"]
+    type: Literal["bearer", "basic", "api_key", "oauth2_client_credentials", "oauth2_user", "oauth2_token_exchange"]
     token: str | None = None
     username: str | None = None
     password: str | None = None
@@ -82,6 +82,10 @@ class AuthModel(StrictModel):
     extra_params: dict[str, str] = {}
     auth_method: Literal["body", "basic"] = "body"
     per_call_header: str | None = Field(None, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+    issuer: str | None = Field(None, pattern=r"^https?://")
+    authorization_url: str | None = None
+    revocation_url: str | None = None
+    scopes: list[Annotated[str, Field(pattern=r"^[\x21\x23-\x5b\x5d-\x7e]+$")]] = []
 
 
 _REQUIRED = {
@@ -89,6 +93,8 @@ _REQUIRED = {
     "basic": ("username", "password"),
     "api_key": ("name", "value"),
     "oauth2_client_credentials": ("token_url", "client_id", "client_secret"),
+    "oauth2_user": ("client_id",),
+    "oauth2_token_exchange": ("token_url", "audience", "client_id", "client_secret"),
 }
 
 
@@ -116,8 +122,13 @@ def build_auth(name: str, model: AuthModel) -> Auth:
     # A bearer credential may come only from each call (an end user's token).
     if model.type == "bearer" and model.per_call_header:
         missing = []
+    endpoints = model.authorization_url is not None and model.token_url is not None
+    if model.type == "oauth2_user" and model.issuer is None and not endpoints:
+        missing.append("issuer (or authorization_url and token_url)")
     if missing:
         raise ValueError(f"upstream {name!r}: auth {model.type} needs {', '.join(missing)}")
+    if model.type in ("oauth2_user", "oauth2_token_exchange") and model.per_call_header:
+        raise ValueError(f"upstream {name!r}: auth {model.type} takes its token from the vault, not per_call_header")
 
     def template(text: str | None) -> Template | None:
         parsed = None if text is None else Template.parse(text)
@@ -141,6 +152,10 @@ def build_auth(name: str, model: AuthModel) -> Auth:
         extra_params={k: Template.parse(v) for k, v in model.extra_params.items()},
         auth_method=model.auth_method,
         per_call_header=model.per_call_header.lower() if model.per_call_header else None,
+        issuer=model.issuer,
+        authorization_url=template(model.authorization_url),
+        revocation_url=template(model.revocation_url),
+        scopes=tuple(model.scopes),
     )
 
 

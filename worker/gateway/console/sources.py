@@ -3,7 +3,7 @@ connections (their tokens in the vault). Each is a small protocol the feature im
 shows its page, and its link in the nav, only when it is given one (`Extensions`).
 
     approvals    waiting() -> the calls parked for a decision; decide(callId, approve|deny, reason, principal)
-    connections  connections(user) -> a user's connections (every user's when None): never a token
+    connections  connections(user) -> a user's connections (none without a user): never a token
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from worker.gateway.decisions import Decisions
+from worker.gateway.delegation import Delegation
 from worker.gateway.identity import Principal
 from worker.queue.approvals import NotParked
 
@@ -52,6 +53,8 @@ class Connection:
 
 
 class Connections(Protocol):
+    """Users are kept by digest in the vault, so the page asks for one user's connections by name."""
+
     async def connections(self, user: str | None) -> list[Connection]: ...
 
 
@@ -82,3 +85,18 @@ class ParkedCalls:
 
 def _why(row: dict[str, str]) -> str:
     return f"{row['method']} {row['target']}".strip()
+
+
+class UserConnections:
+    """The vault's connections (delegation.py), as the console's page shows them: one user's, by name."""
+
+    def __init__(self, delegation: Delegation) -> None:
+        self._delegation = delegation
+
+    async def connections(self, user: str | None) -> list[Connection]:
+        if not user:
+            return []
+        return [
+            Connection(user, c.upstream, c.scopes, "connected", str(c.to_dict()["expiresAt"] or ""))
+            for c in await self._delegation.connections(user)
+        ]

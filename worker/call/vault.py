@@ -1,0 +1,217 @@
+"""The vault: end users' token sets, one per (user, upstream), in Redis, encrypted at rest (AES-GCM).
+
+    toolworker:vault:conn:<upstream>:<user digest>   {"kid", "nonce", "data"}: the token set, sealed
+    toolworker:vault:user:<user digest>              the upstreams a user has connected (a set)
+
+The keys come from TOOLWORKER_VAULT_KEYS (`kid:BASE64(32 bytes)`, comma-separated): the first seals, every
+one opens. A rotation puts a new key in front: a record sealed with an older key is resealed with the new
+one the next time it is read, and the old key can go once no record names it. Each record names the key
+that sealed it, and is sealed with its own Redis key as associated data: a record copied under another
+user's key does not open. A record no key opens is no connection (and is logged). Nothing here is ever
+logged, queued or published.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import redis.asyncio as aioredis
+import structlog
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from worker.call.auth import REFRESH_AT_SHARE
+from worker.constants import AUDIT_STREAM_KEY
+
+log = structlog.get_logger("toolworker.vault")
+
+VAULT_KEY_PREFIX = "toolworker:vault:conn:"
+VAULT_USER_KEY_PREFIX = "toolworker:vault:user:"
+_KEY_BYTES = 32
+_NONCE_BYTES = 12
+
+
+class VaultKeyError(ValueError):
+    """TOOLWORKER_VAULT_KEYS is not a list of `kid:BASE64(32 bytes)`."""
+
+
+class VaultLocked(Exception):
+    """No key is configured: the vault cannot be read or written."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSet:
+    """What a user granted for one upstream. `expires_at` is epoch seconds (0: the server did not say)."""
+
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(default=None, repr=False)
+    expires_at: float = 0.0
+    scopes: tuple[str, ...] = ()
+    obtained_at: float = 0.0
+
+    def refresh_at(self, share: float) -> float:
+        """When to refresh: once `share` of its lifetime has passed (never, for a token without expiry)."""
+        if not self.expires_at:
+            return float("inf")
+        return self.obtained_at + share * (self.expires_at - self.obtained_at)
+
+    def due(self, now: float) -> bool:
+        """Whether it is time to refresh (or exchange) it again."""
+        return now >= self.refresh_at(REFRESH_AT_SHARE)
+
+    def usable(self, now: float) -> bool:
+        return not self.expires_at or now < self.expires_at
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> TokenSet:
+        raw = json.loads(data)
+        return cls(
+            raw["access_token"], raw.get("refresh_token"), float(raw.get("expires_at") or 0),
+            tuple(raw.get("scopes") or ()), float(raw.get("obtained_at") or 0),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A connection as anyone may see it: never a token."""
+
+    upstream: str
+    scopes: tuple[str, ...]
+    expires_at: float
+
+    def to_dict(self) -> dict[str, object]:
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.expires_at)) if self.expires_at else None
+        return {"upstream": self.upstream, "scopes": list(self.scopes), "expiresAt": expires}
+
+
+class Keyring:
+    """The AES-GCM keys by id; the first seals."""
+
+    def __init__(self, keys: Iterable[tuple[str, bytes]]) -> None:
+        self._keys = {kid: AESGCM(key) for kid, key in keys}
+        self.sealing = next(iter(self._keys), None)
+
+    @classmethod
+    def parse(cls, text: str) -> Keyring:
+        keys = []
+        for item in (i.strip() for i in text.split(",") if i.strip()):
+            kid, sep, encoded = item.partition(":")
+            try:
+                key = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError):
+                key = b""
+            if not sep or not kid or len(key) != _KEY_BYTES:
+                raise VaultKeyError(f"TOOLWORKER_VAULT_KEYS: {kid or '?'!r} is not `kid:BASE64(32 bytes)`")
+            keys.append((kid, key))
+        return cls(keys)
+
+    def __bool__(self) -> bool:
+        return self.sealing is not None
+
+    def seal(self, plaintext: bytes, context: str) -> str:
+        if self.sealing is None:
+            raise VaultLocked("TOOLWORKER_VAULT_KEYS is not set: end users' tokens cannot be stored.")
+        nonce = os.urandom(_NONCE_BYTES)
+        data = self._keys[self.sealing].encrypt(nonce, plaintext, context.encode())
+        record = {"kid": self.sealing, "nonce": _b64(nonce), "data": _b64(data)}
+        return json.dumps(record)
+
+    def open(self, sealed: bytes | str, context: str) -> bytes | None:
+        """The plaintext, or None when no key of the ring opens it (logged, without the record)."""
+        try:
+            record = json.loads(sealed)
+            key = self._keys.get(record["kid"])
+            if key is not None:
+                return key.decrypt(
+                    base64.b64decode(record["nonce"]), base64.b64decode(record["data"]), context.encode()
+                )
+        except (ValueError, KeyError, TypeError, InvalidTag):
+            pass
+        log.warning("vault.record_unreadable", record=context, reason="no configured key opens it")
+        return None
+
+    def sealed_with_current(self, sealed: bytes | str) -> bool:
+        try:
+            return bool(json.loads(sealed).get("kid") == self.sealing)
+        except (ValueError, AttributeError):
+            return False
+
+
+def user_digest(user: str) -> str:
+    return hashlib.sha256(user.encode()).hexdigest()[:32]
+
+
+def record_key(user: str, upstream: str) -> str:
+    return f"{VAULT_KEY_PREFIX}{upstream}:{user_digest(user)}"
+
+
+class Vault:
+    """Token sets by (user, upstream), sealed with the keyring."""
+
+    def __init__(self, redis: aioredis.Redis, keyring: Keyring) -> None:
+        self.redis = redis
+        self.keyring = keyring
+
+    async def get(self, user: str, upstream: str) -> TokenSet | None:
+        key = record_key(user, upstream)
+        sealed = await self.redis.get(key)
+        if sealed is None:
+            return None
+        plaintext = self.keyring.open(sealed, key)
+        if plaintext is None:
+            return None
+        if not self.keyring.sealed_with_current(sealed):  # a rotation: sealed again with the first key
+            await self.redis.set(key, self.keyring.seal(plaintext, key), keepttl=True, xx=True)
+        return TokenSet.decode(plaintext)
+
+    async def put(self, user: str, upstream: str, tokens: TokenSet, keep_s: float | None = None) -> None:
+        """Store the set; `keep_s` bounds how long (an exchanged token is kept until it expires)."""
+        key = record_key(user, upstream)
+        sealed = self.keyring.seal(tokens.encode(), key)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, sealed, px=None if keep_s is None else max(1, int(keep_s * 1000)))
+            pipe.sadd(VAULT_USER_KEY_PREFIX + user_digest(user), upstream)
+            await pipe.execute()
+
+    async def delete(self, user: str, upstream: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(record_key(user, upstream))
+            pipe.srem(VAULT_USER_KEY_PREFIX + user_digest(user), upstream)
+            removed, _ = await pipe.execute()
+        return bool(removed)
+
+    async def connections(self, user: str) -> list[Connection]:
+        """The user's connections that a key opens, by upstream name."""
+        found = []
+        for raw in sorted(await self.redis.smembers(VAULT_USER_KEY_PREFIX + user_digest(user))):
+            upstream = raw.decode() if isinstance(raw, bytes) else raw
+            tokens = await self.get(user, upstream)
+            if tokens is not None:
+                found.append(Connection(upstream, tokens.scopes, tokens.expires_at))
+        return found
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+async def audit(redis: aioredis.Redis, event: str, user: str, upstream: str, maxlen: int, **extra: str) -> None:
+    """A connection's event in the audit trail (connect, refresh_failed, revoke): who, which upstream,
+    never a token."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+    fields = {"time": now, "event": event, "principal": user, "upstream": upstream, **extra}
+    log.info("vault.connection", action=event, principal=user, upstream=upstream, **extra)
+    try:
+        await redis.xadd(AUDIT_STREAM_KEY, fields, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
+    except Exception as exc:  # the log line above is the record of last resort
+        log.warning("vault.audit_not_written", event=event, error=str(exc))

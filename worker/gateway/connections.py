@@ -1,0 +1,148 @@
+"""Users' connections to upstreams that act for them: the REST routes and the two pages a browser opens.
+
+    GET    /v1/connections                          the caller's own: upstream, scopes, expiresAt (no token)
+    DELETE /v1/connections/{upstream}               revoked at the server (RFC 7009, when it can) and removed
+    GET    /v1/connections/{upstream}/authorize     a connect link: 302 to the authorization server
+    GET    /v1/connections/callback                 the server's redirect back: code exchanged, set stored
+
+    browser ──GET connect link──▶ gateway ──302 (state, PKCE S256, cookie)──▶ authorization server
+    browser ◀──────────── 302 callback?code&state&iss ◀── (the user logs in and consents)
+    browser ──GET callback (cookie)──▶ gateway ──code + verifier──▶ token endpoint ──▶ vault ──▶ "connected"
+
+The two browser routes need no bearer token: the link's ticket (single use, for one user and upstream) is
+the credential, and the state is bound to the browser that opened the link by a cookie. A ticket or state
+that is unknown, spent, expired or another browser's is refused (400) and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import secrets
+
+import structlog
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from worker import errors
+from worker.call.connect import CALLBACK_PATH
+from worker.connections import async_client
+from worker.definitions.model import ToolSet, Upstream
+from worker.gateway.calls import Calls
+from worker.gateway.delegation import Delegation, open_delegation
+from worker.gateway.identity import principal_of
+from worker.gateway.rest import error
+from worker.settings import Settings
+
+log = structlog.get_logger("toolworker.gateway.connections")
+BINDING_COOKIE = "toolworker_connect"
+
+
+class Connections:
+    def __init__(self, calls: Calls, delegation: Delegation) -> None:
+        self.calls = calls
+        self.delegation = delegation
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/connections", self.list_connections, methods=["GET"]),
+            Route(CALLBACK_PATH, self.callback, methods=["GET"]),
+            Route("/v1/connections/{upstream}", self.revoke, methods=["DELETE"]),
+            Route("/v1/connections/{upstream}/authorize", self.authorize, methods=["GET"]),
+        ]
+
+    def _upstream(self, name: str) -> Upstream | None:
+        upstream = self.calls.catalog.snapshot.toolset.upstreams.get(name)
+        return upstream if upstream is not None and upstream.auth is not None and upstream.auth.delegated else None
+
+    async def list_connections(self, request: Request) -> Response:
+        user = principal_of(request.scope).name
+        found = await self.delegation.connections(user)
+        return JSONResponse({"connections": [c.to_dict() for c in found]})
+
+    async def revoke(self, request: Request) -> Response:
+        user, name = principal_of(request.scope).name, request.path_params["upstream"]
+        revoked = await self.delegation.revoke(user, self._upstream(name), name) if self.delegation.enabled else None
+        if revoked is None:
+            return error(404, "unknown_connection", f"There is no connection to {name!r} for {user!r}.")
+        return JSONResponse({"upstream": name, "removed": True, "revokedAtServer": revoked})
+
+    async def authorize(self, request: Request) -> Response:
+        name = request.path_params["upstream"]
+        upstream = self._upstream(name)
+        ticket = request.query_params.get("ticket", "")
+        if upstream is None or not ticket or not self.delegation.enabled:
+            return _page(400, "This connect link is not valid.", "Ask for the tool to be called again for a new link.")
+        redeemed = await self.delegation.links.redeem(ticket, name)
+        if redeemed is None:
+            return _page(400, "This connect link is not valid any more.", "It was used already or it expired.")
+        user, expires_at = redeemed
+        binding = secrets.token_urlsafe(32)
+        try:
+            location = await self.delegation.start(user, upstream, binding, expires_at)
+        except errors.ToolError as exc:
+            return _page(502, "The authorization server cannot be reached.", exc.message)
+        response = RedirectResponse(location, status_code=302)
+        response.set_cookie(
+            BINDING_COOKIE,
+            binding,
+            max_age=self.delegation.links.ttl_s,
+            path=CALLBACK_PATH,
+            httponly=True,
+            samesite="lax",  # sent on the server's top-level redirect back
+            secure=self.delegation.links.public_url.startswith("https://"),
+        )
+        return response
+
+    async def callback(self, request: Request) -> Response:
+        query = request.query_params
+        state = query.get("state", "")
+        pending = await self.delegation.links.finish(state) if state and self.delegation.enabled else None
+        if pending is None or not pending.bound_to(request.cookies.get(BINDING_COOKIE)):
+            return _page(400, "This authorization is not valid.", "It is unknown, used, expired, or another browser's.")
+        upstream = self._upstream(pending.upstream)
+        if upstream is None or "code" not in query:
+            reason = query.get("error", "no code")
+            return _page(400, "Access was not granted.", f"The authorization server said: {reason}.")
+        try:
+            tokens = await self.delegation.finish(pending, upstream, query["code"], query.get("iss"))
+        except errors.ToolError as exc:
+            log.warning("gateway.connect_failed", upstream=upstream.name, user=pending.user, reason=exc.message)
+            return _page(400, "The connection could not be made.", exc.message)
+        scopes = ", ".join(tokens.scopes) or "its default access"
+        response = _page(200, f"Connected {upstream.name}.", f"Calls for {pending.user} may now use it ({scopes}).")
+        response.delete_cookie(BINDING_COOKIE, path=CALLBACK_PATH)
+        return response
+
+
+async def run_command(
+    settings: Settings, action: str, user: str, upstream: str | None, toolset: ToolSet | None
+) -> tuple[int, list[str]]:
+    """`toolworker connections list|revoke`: the exit code and the lines to print."""
+    redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    delegation = open_delegation(settings, redis)
+    try:
+        if not delegation.enabled:
+            return 78, ["toolworker connections: TOOLWORKER_VAULT_KEYS is not set"]
+        if action == "list":
+            return 0, [json.dumps(c.to_dict()) for c in await delegation.connections(user)]
+        assert upstream is not None
+        defined = toolset.upstreams.get(upstream) if toolset is not None else None
+        revoked = await delegation.revoke(user, defined, upstream)
+        if revoked is None:
+            return 1, [f"toolworker connections: {user!r} has no connection to {upstream!r}"]
+        return 0, [json.dumps({"upstream": upstream, "removed": True, "revokedAtServer": revoked})]
+    finally:
+        await delegation.close()
+        await redis.aclose()
+
+
+def _page(status: int, title: str, text: str) -> HTMLResponse:
+    body = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>toolworker</title></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>{html.escape(text)}</p><p>You can close this window.</p></body></html>"
+    )
+    return HTMLResponse(
+        body, status_code=status, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+    )
