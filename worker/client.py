@@ -44,9 +44,11 @@ from worker.constants import (
 from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
 from worker.errors import RedisLost, TenantQueueFull
+from worker.http.egress import EgressPolicy
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_messages
 from worker.queue import scheduler
+from worker.queue.webhooks import check_callback
 from worker.redaction import mask_url
 from worker.settings import get_settings
 
@@ -109,17 +111,24 @@ class AsyncToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
+        callback_url: str | None = None,
     ) -> ToolResult:
-        return (await self.acall_many([(tool, arguments or {}, headers or {})], timeout=timeout, tenant=tenant))[0]
+        specs: list[CallSpec] = [(tool, arguments or {}, headers or {})]
+        return (await self.acall_many(specs, timeout=timeout, tenant=tenant, callback_url=callback_url))[0]
 
     async def acall_many(
-        self, calls: Sequence[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S, tenant: str | None = None
+        self,
+        calls: Sequence[CallSpec],
+        *,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        tenant: str | None = None,
+        callback_url: str | None = None,
     ) -> list[ToolResult]:
         """Run many calls as one message; results come back in order. Raises RedisLost when Redis does not
         answer within `timeout` plus CLIENT_SLACK_S."""
         _check_timeout(timeout)  # before it bounds anything
         started = time.monotonic()
-        enqueue = self.submit_many(calls, timeout=timeout, tenant=tenant)
+        enqueue = self.submit_many(calls, timeout=timeout, tenant=tenant, callback_url=callback_url)
         call_ids = await self._bounded(enqueue, timeout, "while enqueuing the call (it may be enqueued all the same)")
         wait_s = max(0.0, started + timeout - time.monotonic())
         return await self._collect(call_ids, [spec[0] for spec in calls], wait_s, timeout)
@@ -133,12 +142,17 @@ class AsyncToolClient:
         trace: Mapping[str, str] | None = None,
         tenant: str | None = None,
         principal: str | None = None,
+        callback_url: str | None = None,
     ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
         calls carry the active span's trace context (OpenTelemetry), else `trace` when given; they are
         for `tenant` (the client's own when None), made by `principal` when one is named (the gateway).
+        With `callback_url`, each envelope is also POSTed there once published (signed webhooks); raises
+        CallbackRefused (an EgressBlocked) when TOOLWORKER_CALLBACK_ALLOW does not allow it.
         Raises TenantQueueFull, enqueuing none of them, when the tenant has its max_queued calls waiting."""
         _check_timeout(timeout)
+        if callback_url is not None:
+            check_callback(EgressPolicy.parse(get_settings().callback_allow), callback_url)
         tenant = self.tenant if tenant is None else checked_tenant(tenant)
         self._ensure_reader()
         now = datetime.now(UTC)
@@ -153,6 +167,8 @@ class AsyncToolClient:
             common["tenant"] = tenant
         if principal is not None:
             common["principal"] = principal
+        if callback_url is not None:
+            common["callback"] = {"url": callback_url}
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
         messages = [_message(spec, call_id, common) for spec, call_id in zip(calls, ids, strict=True)]
         loop = asyncio.get_running_loop()
@@ -424,8 +440,12 @@ class ToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
+        callback_url: str | None = None,
     ) -> ToolResult:
-        return self._run(self._async.acall(tool, arguments, headers=headers, timeout=timeout, tenant=tenant), timeout)
+        call = self._async.acall(
+            tool, arguments, headers=headers, timeout=timeout, tenant=tenant, callback_url=callback_url
+        )
+        return self._run(call, timeout)
 
     def submit(
         self,
@@ -435,19 +455,29 @@ class ToolClient:
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
+        callback_url: str | None = None,
     ) -> CallHandle:
         # Returns at once, so that calls submitted in a row leave together in batch messages.
+        if callback_url is not None:  # raised here, as the asynchronous client raises it from submit_many
+            check_callback(EgressPolicy.parse(get_settings().callback_allow), callback_url)
         call_id = str(uuid.uuid4())
         spec = (tool, arguments or {}, headers or {})
-        sent = asyncio.run_coroutine_threadsafe(
-            self._async.submit_many([spec], timeout=timeout, call_ids=[call_id], tenant=tenant), self._loop.loop
+        submit = self._async.submit_many(
+            [spec], timeout=timeout, call_ids=[call_id], tenant=tenant, callback_url=callback_url
         )
+        sent = asyncio.run_coroutine_threadsafe(submit, self._loop.loop)
         return CallHandle(self, call_id, sent)
 
     def call_many(
-        self, calls: Iterable[CallSpec], *, timeout: float = DEFAULT_CALL_TIMEOUT_S, tenant: str | None = None
+        self,
+        calls: Iterable[CallSpec],
+        *,
+        timeout: float = DEFAULT_CALL_TIMEOUT_S,
+        tenant: str | None = None,
+        callback_url: str | None = None,
     ) -> list[ToolResult]:
-        return self._run(self._async.acall_many(list(calls), timeout=timeout, tenant=tenant), timeout)
+        many = self._async.acall_many(list(calls), timeout=timeout, tenant=tenant, callback_url=callback_url)
+        return self._run(many, timeout)
 
     def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.tools(tags), DEFAULT_CALL_TIMEOUT_S)

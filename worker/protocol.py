@@ -34,6 +34,15 @@ _ARGSREPR_MAX = 1024
 # (8 MiB by default): a batch of calls near the 1 MiB arguments cap must not be one message.
 MAX_BATCH_BYTES = 1024 * 1024
 MAX_REPLY_TO_CHARS = 512
+MAX_CALLBACK_URL_CHARS = 2048
+
+
+class Callback(BaseModel):
+    """Where the call's envelope is POSTed once published (worker/queue/webhooks.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    url: str = Field(min_length=1, max_length=MAX_CALLBACK_URL_CHARS)
 
 
 class ToolCall(BaseModel):
@@ -58,6 +67,7 @@ class ToolCall(BaseModel):
     # principal's name, never its credential.
     tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN)
     principal: str | None = Field(None, min_length=1, max_length=256)
+    callback: Callback | None = None
 
     @field_validator("traceparent", "tracestate", "enqueued_at", mode="wrap")
     @classmethod

@@ -25,7 +25,7 @@ from worker.settings import get_settings
 
 # How long a message whose result could not be published waits before it goes back to the queue.
 REQUEUE_PAUSE_S = 0.5
-_service: tuple[int, Service, Future[None] | None] | None = None
+_service: tuple[int, Service, list[Future[None]]] | None = None
 _lock = threading.Lock()
 
 
@@ -37,7 +37,9 @@ def process_service() -> Service:
             settings = get_settings()
             bundles = redis_store.Bundles() if settings.store == "redis" else None
             service = build_service(settings, bundles)
-            follower = None
+            background: list[Future[None]] = []
+            if service.deliveries is not None:  # webhooks: this process delivers its share of what is due
+                background.append(asyncio.run_coroutine_threadsafe(service.deliveries.run(), process_loop().loop))
             if bundles is not None:
                 follow = redis_store.follow(
                     service.publisher.client,
@@ -46,21 +48,22 @@ def process_service() -> Service:
                     settings.store_poll_seconds,
                     service.switch,
                 )
-                follower = asyncio.run_coroutine_threadsafe(follow, process_loop().loop)
-            _service = (os.getpid(), service, follower)
+                background.append(asyncio.run_coroutine_threadsafe(follow, process_loop().loop))
+            _service = (os.getpid(), service, background)
         return _service[1]
 
 
 def close_process_service(timeout_s: float = 5.0) -> None:
-    """Stop following versions and close the service's connections (a worker that stops)."""
+    """Stop following versions and delivering webhooks, and close the service's connections (a worker that
+    stops)."""
     global _service
     with _lock:
         if _service is None or _service[0] != os.getpid():
             return
-        _, service, follower = _service
+        _, service, background = _service
         _service = None
-    if follower is not None:
-        follower.cancel()
+    for work in background:
+        work.cancel()
     process_loop().run(service.close(), timeout_s)
     tracing.flush(timeout_s)
 
