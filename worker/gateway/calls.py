@@ -59,6 +59,8 @@ class CallSpec:
     trace: Mapping[str, str] = field(default_factory=dict)
     # Who asks: its name and tenant go with the call; its grant decides which tools it may call.
     principal: Principal = LOCAL
+    # Where the envelope is POSTed once published (worker/queue/webhooks.py).
+    callback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class Calls:
 
     async def submit(self, spec: CallSpec) -> Submitted:
         """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
-        FleetUnavailable, TenantQueueFull (the tenant's max_queued)."""
+        FleetUnavailable, TenantQueueFull (the tenant's max_queued), CallbackRefused."""
         tool = self.resolve(spec.tool, spec.principal)
         await self.health.admit()
         call_id = spec.call_id or str(uuid.uuid4())
@@ -123,6 +125,7 @@ class Calls:
                     trace=trace,
                     tenant=who.tenant,
                     principal=who.name,
+                    callback_url=spec.callback,
                 )
         except BaseException:  # not enqueued: the same callId may be sent again
             if spec.call_id is not None:

@@ -12,7 +12,8 @@
     GET    /metrics               the gateway's Prometheus metrics
 
 Errors are `{"error": {"type", "message"}}`: 400 not JSON, 404 unknown tool or call, 409 a callId reused
-for another call, 422 a body of the wrong shape, 503 the fleet cannot take calls.
+for another call, 422 a body of the wrong shape (or a callback URL TOOLWORKER_CALLBACK_ALLOW refuses),
+503 the fleet cannot take calls.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from worker.gateway.calls import (
 )
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import principal_of
+from worker.protocol import MAX_CALLBACK_URL_CHARS
+from worker.queue.webhooks import CallbackRefused
 
 Format = Literal["summary", "openai", "anthropic", "mcp"]
 EXPORTS: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
@@ -52,6 +55,12 @@ EXPORTS: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
 }
 MAX_BATCH = 1000
 MAX_WAIT_S = 3600.0
+
+
+class CallbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=MAX_CALLBACK_URL_CHARS)
 
 
 class CallBody(BaseModel):
@@ -67,6 +76,8 @@ class CallBody(BaseModel):
     timeoutSeconds: float | None = Field(None, gt=0, le=86_400)
     wait: bool = True
     waitSeconds: float | None = Field(None, ge=0, le=MAX_WAIT_S)
+    # Where the envelope is POSTed once published (signed webhooks; TOOLWORKER_CALLBACK_ALLOW).
+    callback: CallbackBody | None = None
 
 
 class BatchBody(BaseModel):
@@ -103,6 +114,8 @@ def guarded(handler: Handler) -> Handler:
             return error(409, "call_id_conflict", str(exc))
         except FleetUnavailable as exc:
             return error(503, "unavailable", f"The tool fleet cannot take calls now: {exc}")
+        except CallbackRefused as exc:
+            return error(422, "callback_refused", exc.message)
         except TenantQueueFull as exc:
             response = error(429, exc.type, exc.message, tenant=exc.tenant, maxQueued=exc.limit)
             response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
@@ -174,7 +187,7 @@ class Rest:
         spec = self._spec(call, request)
         try:
             submitted = await self.calls.submit(spec)
-        except UnknownTool as exc:
+        except (UnknownTool, CallbackRefused) as exc:
             call_id = call.callId or str(uuid.uuid4())
             return ToolResult.failure(call_id, call.tool, exc).to_dict()
         except CallIdConflict as exc:
@@ -192,8 +205,10 @@ class Rest:
     def _spec(self, body: CallBody, request: Request) -> CallSpec:
         headers = {**request.headers, **{k.lower(): v for k, v in body.headers.items()}}
         timeout_s = body.timeoutSeconds or self.default_timeout_s
+        callback = body.callback.url if body.callback else None
+        principal = principal_of(request.scope)
         return CallSpec(
-            body.tool, body.arguments, headers, body.callId, timeout_s, principal=principal_of(request.scope)
+            body.tool, body.arguments, headers, body.callId, timeout_s, principal=principal, callback=callback
         )
 
     async def _answer(
