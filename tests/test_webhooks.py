@@ -90,8 +90,8 @@ def make_stack(
         TOOLWORKER_CALLBACK_SECRET=f"{OLD_SECRET} {NEW_SECRET}",
         TOOLWORKER_CALLBACK_RETRY_SECONDS="60",
         TOOLWORKER_CALLBACK_TIMEOUT_SECONDS="3",
-        **extra,
     )
+    env.update(extra)
     return HookStack(server, env, receiver, directory, []), ReceiverServer(receiver)
 
 
