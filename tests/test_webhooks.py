@@ -226,8 +226,8 @@ def test_a_name_allowed_but_resolving_to_a_refused_address_is_refused_at_connect
     assert OLD_SECRET[6:] not in text and NEW_SECRET[6:] not in text
 
 
-def test_rest_callback_is_delivered_and_a_refused_one_is_422(hooks: HookStack, tmp_path: Path) -> None:
-    """POST /v1/calls with `callback`: delivered; a host the gateway's allow-list refuses is a 422 JSON error;
+def test_rest_callback_is_delivered_and_a_refused_one_is_403(hooks: HookStack, tmp_path: Path) -> None:
+    """POST /v1/calls with `callback`: delivered; a host the gateway's allow-list refuses is a 403 JSON error;
     a batch item with a refused callback gets its own error envelope."""
     env = gateway_env(hooks.redis.url, FIXTURES / "integration", TOOLWORKER_CALLBACK_ALLOW="127.0.0.1")
     gateway: Gateway = start_gateway(env, tmp_path / "gateway.log")
@@ -241,7 +241,7 @@ def test_rest_callback_is_delivered_and_a_refused_one_is_422(hooks: HookStack, t
         assert json.loads(hooks.receiver.to("rest")[0].body)["callId"] == answer.json()["callId"]
         body["callback"] = {"url": "http://elsewhere.test/hook"}
         refused = httpx2.post(gateway.url + "/v1/calls", json=body, headers=headers, timeout=60)
-        assert refused.status_code == 422 and refused.json()["error"]["type"] == "callback_refused"
+        assert refused.status_code == 403 and refused.json()["error"]["type"] == "callback_refused"
         batch = httpx2.post(gateway.url + "/v1/batches", json={"calls": [body]}, headers=headers, timeout=60)
         assert batch.status_code == 200 and batch.json()["results"][0]["exitCode"] == 77
     finally:

@@ -12,8 +12,8 @@
     GET    /metrics               the gateway's Prometheus metrics
 
 Errors are `{"error": {"type", "message"}}`: 400 not JSON, 404 unknown tool or call, 409 a callId reused
-for another call, 422 a body of the wrong shape (or a callback URL TOOLWORKER_CALLBACK_ALLOW refuses),
-503 the fleet cannot take calls.
+for another call, 422 a body of the wrong shape, 403 a callback URL TOOLWORKER_CALLBACK_ALLOW refuses, 503
+the fleet cannot take calls.
 """
 
 from __future__ import annotations
@@ -58,15 +58,16 @@ MAX_WAIT_S = 3600.0
 
 
 class CallbackBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     url: str = Field(min_length=1, max_length=MAX_CALLBACK_URL_CHARS)
 
 
 class CallBody(BaseModel):
-    """One call as `/v1/calls` and `/v1/batches` take it."""
+    """One call as `/v1/calls` and `/v1/batches` take it: strictly as the document says (no `"5"` for 5, no
+    `false` for 0)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     tool: str = Field(min_length=1, max_length=256)
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -81,7 +82,7 @@ class CallBody(BaseModel):
 
 
 class BatchBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     calls: list[CallBody] = Field(min_length=1, max_length=MAX_BATCH)
     wait: bool = True
@@ -115,7 +116,7 @@ def guarded(handler: Handler) -> Handler:
         except FleetUnavailable as exc:
             return error(503, "unavailable", f"The tool fleet cannot take calls now: {exc}")
         except CallbackRefused as exc:
-            return error(422, "callback_refused", exc.message)
+            return error(403, "callback_refused", exc.message)
         except TenantQueueFull as exc:
             response = error(429, exc.type, exc.message, tenant=exc.tenant, maxQueued=exc.limit)
             response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
@@ -223,15 +224,18 @@ class Rest:
 
     async def list_tools(self, request: Request) -> Response:
         snapshot = self.calls.visible(principal_of(request.scope))
-        rows = catalog.list_tools(snapshot.toolset, request.query_params.getlist("tag"))
+        tags = request.query_params.getlist("tag")
+        if not all(tags):
+            raise BadBody(422, "The query parameter `tag` must not be empty.")
+        rows = catalog.list_tools(snapshot.toolset, tags)
         return self._tools(rows, request, {"version": snapshot.version})
 
     async def search_tools(self, request: Request) -> Response:
         question = request.query_params.get("question", "").strip()
         if not question:
             raise BadBody(422, "The query parameter `question` is required.")
-        top_k = int(_float_param(request, "top_k", 5, 50))
-        rows = catalog.search(self.calls.visible(principal_of(request.scope)).toolset, question, max(top_k, 1))
+        top_k = _int_param(request, "top_k", 5, 1, 50)
+        rows = catalog.search(self.calls.visible(principal_of(request.scope)).toolset, question, top_k)
         return self._tools(rows, request, {})
 
     async def get_tool(self, request: Request) -> Response:
@@ -257,6 +261,15 @@ class Rest:
 
     async def metrics(self, request: Request) -> Response:
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+def _int_param(request: Request, name: str, default: int, lowest: int, highest: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.lstrip("-").isdigit() or not lowest <= int(raw) <= highest:
+        raise BadBody(422, f"The query parameter `{name}` must be an integer from {lowest} to {highest}.")
+    return int(raw)
 
 
 def _float_param(request: Request, name: str, default: float, highest: float) -> float:
