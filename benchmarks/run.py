@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import gateway, identity, pipeline, replicas, tenants, tracing
+from benchmarks import gateway, identity, pipeline, replicas, tenants, tracing, webhooks
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -515,7 +515,14 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
-    only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only or args.replicas_only
+    only = (
+        args.gateway_only
+        or args.tracing_only
+        or args.identity_only
+        or args.tenants_only
+        or args.replicas_only
+        or args.webhooks_only
+    )
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
         if not only:
@@ -543,6 +550,10 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
             print("tenants: the fair take against the take before tenants", file=sys.stderr, flush=True)
             rounds, burst = (1, TENANTS_QUICK_BURST) if args.quick else (TENANTS_ROUNDS, TENANTS_BURST)
             results["tenants"] = tenants.run(server.url, sizes.calls, rounds, burst, args.tenants_reference_tree)
+        if not only or args.webhooks_only:
+            print("webhooks: what a delivery costs a worker", file=sys.stderr, flush=True)
+            rounds = 1 if args.quick else TRACING_ROUNDS
+            results["webhooks"] = webhooks.run(server.url, sizes.calls, rounds)
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -561,6 +572,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tracing-only", action="store_true", help="only the tracing rows (about two minutes)")
     parser.add_argument("--identity-only", action="store_true", help="only the gateway's JWT-against-static rows")
     parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
+    parser.add_argument("--webhooks-only", action="store_true", help="only the webhook delivery rows")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
     parser.add_argument(
@@ -599,6 +611,8 @@ def main(argv: list[str] | None = None) -> None:
         tenants.print_section(results["tenants"])
     if results.get("replicas"):
         replicas.print_section(results["replicas"])
+    if results.get("webhooks"):
+        webhooks.print_section(results["webhooks"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:
