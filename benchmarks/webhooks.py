@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import statistics
 import sys
 import time
@@ -27,6 +28,7 @@ from benchmarks import pipeline
 from benchmarks.pipeline import Meter
 from worker.client import AsyncToolClient
 from worker.queue.webhooks import DUE_KEY, record_key, webhook_id
+from worker.settings import get_settings
 
 RECEIVER_BODY_BYTES = 64
 SECRETS = " ".join("whsec_" + base64.b64encode(f"benchmark key {i:018d}".encode()).decode() for i in range(2))
@@ -46,6 +48,8 @@ def run(redis_url: str, calls: int, rounds: int) -> dict[str, Any]:
     paired: dict[str, list[float]] = {WITHOUT: [], WITH: []}
     with pipeline.upstream(0.0, RECEIVER_BODY_BYTES) as receiver:
         env = env_for(receiver.url)
+        os.environ["TOOLWORKER_CALLBACK_ALLOW"] = env["TOOLWORKER_CALLBACK_ALLOW"]  # the client checks it too
+        get_settings.cache_clear()
         with pipeline.toolworker(redis_url, receiver.url, 64, pipeline.RAW_CONCURRENCY, extra_env=env) as pid:
             for number in range(rounds):
                 alone.append(_deliveries_alone(redis_url, pid, receiver.url, calls))

@@ -57,12 +57,17 @@ _MAX_IN_FLIGHT = 256
 _RESPONSE_BYTES = 64 * 1024
 _POOL_CONNECTIONS = 100
 
-# KEYS: the due set. ARGV: now (ms), claim (ms), at most this many. Answers the claimed ids and their fence.
+# KEYS: the due set. ARGV: now (ms), claim (ms), at most this many, the record prefix. Answers the fence and,
+# for each claimed id, the id and its record's fields (none when it is gone).
 _CLAIM = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
 local until_ms = tonumber(ARGV[1]) + tonumber(ARGV[2])
-for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], until_ms, id) end
-return {until_ms, ids}
+local claimed = {}
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], until_ms, id)
+  claimed[#claimed + 1] = {id, redis.call('HGETALL', ARGV[4] .. id)}
+end
+return {until_ms, claimed}
 """
 # KEYS: the due set, the record. ARGV: the id, the fence, the next due time (ms).
 _RETRY = """
@@ -206,8 +211,8 @@ class Deliveries:
             except Exception as exc:  # Redis away: the records wait in Redis, nothing is lost
                 log.warning("webhook.claim_failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 claimed = []
-            for call_id, fence in claimed:
-                task = asyncio.get_running_loop().create_task(self._guarded(call_id, fence))
+            for call_id, fence, delivery in claimed:
+                task = asyncio.get_running_loop().create_task(self._guarded(call_id, fence, delivery))
                 self._in_flight.add(task)  # referenced: a bare task may be collected
                 task.add_done_callback(self._over)
             if len(claimed) < room or room <= 0:
@@ -218,15 +223,20 @@ class Deliveries:
         self._in_flight.discard(task)
         self._wake.set()
 
-    async def claim_due(self, most: int) -> list[tuple[str, int]]:
-        """Claim at most `most` due deliveries: (callId, fence) each."""
-        fence, ids = await self._scripts["claim"](keys=[DUE_KEY], args=[int(time.time() * 1000), self._claim_ms, most])
-        return [(i.decode() if isinstance(i, bytes) else str(i), int(fence)) for i in ids]
+    async def claim_due(self, most: int) -> list[tuple[str, int, Delivery | None]]:
+        """Claim at most `most` due deliveries: (callId, fence, its record or None when it is gone) each."""
+        args: list[Any] = [int(time.time() * 1000), self._claim_ms, most, RECORD_PREFIX]
+        fence, claimed = await self._scripts["claim"](keys=[DUE_KEY], args=args)
+        found = []
+        for raw_id, flat in claimed:
+            call_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+            found.append((call_id, int(fence), _delivery(call_id, dict(zip(flat[::2], flat[1::2], strict=True)))))
+        return found
 
     async def deliver_due(self) -> int:
         """Claim the due deliveries (at most a batch) and deliver them, waiting for each; how many."""
         claimed = await self.claim_due(_CLAIM_BATCH)
-        await asyncio.gather(*(self._deliver(call_id, fence) for call_id, fence in claimed))
+        await asyncio.gather(*(self._deliver(*claim) for claim in claimed))
         return len(claimed)
 
     async def close(self) -> None:
@@ -235,14 +245,13 @@ class Deliveries:
         await asyncio.gather(*self._in_flight, return_exceptions=True)
         await self._transport.close()
 
-    async def _guarded(self, call_id: str, fence: int) -> None:
+    async def _guarded(self, call_id: str, fence: int, delivery: Delivery | None) -> None:
         try:
-            await self._deliver(call_id, fence)
+            await self._deliver(call_id, fence, delivery)
         except Exception as exc:  # Redis lost mid-way: the claim lapses and the delivery comes due again
             log.warning("webhook.delivery_interrupted", callId=call_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    async def _deliver(self, call_id: str, fence: int) -> None:
-        delivery = await self._read(call_id)
+    async def _deliver(self, call_id: str, fence: int, delivery: Delivery | None) -> None:
         if delivery is None:  # delivered by another worker meanwhile (or replaced): nothing to do
             await self.client.zrem(DUE_KEY, call_id)
             return
@@ -260,19 +269,6 @@ class Deliveries:
             await self._delivered(delivery)
         else:
             await self._failed(delivery, fence, f"the receiver answered HTTP {status}", permanent=False)
-
-    async def _read(self, call_id: str) -> Delivery | None:
-        fields: Any = await self.client.hgetall(record_key(call_id))
-        if not fields:
-            return None
-        return Delivery(
-            call_id=call_id,
-            url=fields[b"url"].decode(),
-            message_id=fields[b"id"].decode(),
-            body=fields[b"body"],
-            first_ms=int(fields[b"first"]),
-            attempts=int(fields.get(b"attempts", 0)),
-        )
 
     async def _post(self, delivery: Delivery) -> int:
         """One attempt; the receiver's status, or the ToolError that stopped it."""
@@ -322,6 +318,20 @@ class Deliveries:
 
 
 _SCRIPTS = {"claim": _CLAIM, "retry": _RETRY, "give_up": _GIVE_UP}
+
+
+def _delivery(call_id: str, fields: dict[bytes, bytes]) -> Delivery | None:
+    """A record as read; None when it is gone (delivered by another worker meanwhile)."""
+    if not fields:
+        return None
+    return Delivery(
+        call_id=call_id,
+        url=fields[b"url"].decode(),
+        message_id=fields[b"id"].decode(),
+        body=fields[b"body"],
+        first_ms=int(fields[b"first"]),
+        attempts=int(fields.get(b"attempts", 0)),
+    )
 
 
 def _no_redirect(target: URL) -> None:
