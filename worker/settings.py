@@ -13,7 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TOOLWORKER_", extra="ignore")
+    # Errors never quote a value: some are secrets (tokens, webhook secrets).
+    model_config = SettingsConfigDict(env_prefix="TOOLWORKER_", extra="ignore", hide_input_in_errors=True)
 
     redis_url: str = "redis://localhost:6379/0"
     # How long a command that starts (worker, call, publish) waits for Redis before it says why it cannot.

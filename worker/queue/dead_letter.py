@@ -1,5 +1,8 @@
 """Messages that are not calls at all: recorded in a dead-letter list, and answered when they can be.
 
+The list holds two kinds of entry: `kind: "message"`, written here, and `kind: "webhook"`, a delivery
+given up (written by worker/queue/webhooks.py in the script that gives it up, with what a replay needs).
+
 What a dead letter keeps of a message: its size and SHA-256 always; of a transport message (a JSON object
 with Celery's fields) its redacted form too, the body decoded and every `headers` value hidden; nothing
 of an item that is not one (not JSON, a JSON array, string or null: it may be anything, a secret
@@ -93,6 +96,7 @@ def refuse_oversize(item: bytes, limit_bytes: int) -> None:
 
 def _record(reason: str, exc: Exception | None, data: bytes, shown: str | None) -> None:
     entry = {
+        "kind": "message",
         "reason": reason,
         "error": str(exc)[:500] if exc else None,
         "body": shown,
