@@ -71,3 +71,15 @@ def test_every_405_names_the_methods_of_its_path(gateway_stack: Stack) -> None:
         allowed = {m.strip().lower() for m in answer.headers["allow"].split(",")}
         assert {m for m in item if m in {"get", "post", "delete", "put", "patch"}} <= allowed, (path, allowed)
         assert answer.json()["error"]["type"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [("/v1/openapi.json", {"GET"}), ("/metrics", {"GET"}), ("/toolserver/execute_tool", {"POST"}), ("/mcp", {"POST"})],
+)
+def test_a_405_off_the_document_names_its_methods_too(gateway_stack: Stack, path: str, methods: set[str]) -> None:
+    """The routes the document does not list (the document itself, metrics, ToolServer, MCP) answer a
+    method they do not take with 405 and Allow as well."""
+    answer = httpx2.request("TRACE", gateway_stack.url + path, headers=auth())
+    assert answer.status_code == 405, answer.text
+    assert methods <= {m.strip().upper() for m in answer.headers["allow"].split(",")}

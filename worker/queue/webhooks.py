@@ -194,6 +194,10 @@ class Deliveries:
         self._limits = Limits(_RESPONSE_BYTES, min(timeout_s, 5.0))
         self._wake = asyncio.Event()
         self._in_flight: set[asyncio.Task[None]] = set()
+        # Deliveries made in the same loop tick have their records deleted together.
+        self._delivered_ids: list[str] = []
+        self._settled: asyncio.Future[None] | None = None
+        self._settling: asyncio.Task[None] | None = None
         self._scripts = {name: client.register_script(text) for name, text in _SCRIPTS.items()}
 
     def wake(self) -> None:
@@ -290,11 +294,28 @@ class Deliveries:
         return response.status
 
     async def _delivered(self, delivery: Delivery) -> None:
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.zrem(DUE_KEY, delivery.call_id)
-            pipe.delete(record_key(delivery.call_id))
-            await pipe.execute()
+        """Delete the record; deliveries over in the same loop tick share one round trip."""
+        if self._settled is None:
+            self._settled = asyncio.get_running_loop().create_future()
+            self._settling = asyncio.get_running_loop().create_task(self._settle())
+        self._delivered_ids.append(delivery.call_id)
+        await asyncio.shield(self._settled)
         log.info("webhook.delivered", callId=delivery.call_id, webhookId=delivery.message_id, host=_host(delivery))
+
+    async def _settle(self) -> None:
+        await asyncio.sleep(0)
+        ids, self._delivered_ids = self._delivered_ids, []
+        settled, self._settled = self._settled, None
+        assert settled is not None
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.zrem(DUE_KEY, *ids)
+                pipe.delete(*(record_key(call_id) for call_id in ids))
+                await pipe.execute()
+        except Exception as exc:  # each delivery's task sees it (its claim lapses: delivered again)
+            settled.set_exception(exc)
+        else:
+            settled.set_result(None)
 
     async def _failed(self, delivery: Delivery, fence: int, reason: str, permanent: bool) -> None:
         attempts = delivery.attempts + 1
