@@ -48,7 +48,8 @@ def schemathesis(stack: Stack, report: Path, *extra: str) -> subprocess.Complete
         *extra,
     ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": ""}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, check=False)
+    # From the test's own folder: schemathesis keeps a cache of what it found in the working directory.
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, check=False, cwd=report)
 
 
 @pytest.mark.timeout(600)
