@@ -52,7 +52,6 @@ _FIRST_BACKOFF_S = 1.0
 _MAX_BACKOFF_S = 300.0
 _CLAIM_MARGIN_S = 5.0
 _POLL_S = 1.0
-_CLAIM_BATCH = 64
 _MAX_IN_FLIGHT = 256
 _RESPONSE_BYTES = 64 * 1024
 _POOL_CONNECTIONS = 100
@@ -197,7 +196,7 @@ class Deliveries:
         # Deliveries made in the same loop tick have their records deleted together.
         self._delivered_ids: list[str] = []
         self._settled: asyncio.Future[None] | None = None
-        self._settling: asyncio.Task[None] | None = None
+        self._settling: asyncio.Task[None] | None = None  # referenced: a bare task may be collected
         self._scripts = {name: client.register_script(text) for name, text in _SCRIPTS.items()}
 
     def wake(self) -> None:
@@ -236,12 +235,6 @@ class Deliveries:
             call_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
             found.append((call_id, int(fence), _delivery(call_id, dict(zip(flat[::2], flat[1::2], strict=True)))))
         return found
-
-    async def deliver_due(self) -> int:
-        """Claim the due deliveries (at most a batch) and deliver them, waiting for each; how many."""
-        claimed = await self.claim_due(_CLAIM_BATCH)
-        await asyncio.gather(*(self._deliver(*claim) for claim in claimed))
-        return len(claimed)
 
     async def close(self) -> None:
         for task in list(self._in_flight):  # their records stay claimed, and come due again after the claim
