@@ -8,6 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from worker.http.egress import EgressPolicy
+from worker.protocol import redacted_repr
+from worker.queue.dead_letter import _hidden
 from worker.queue.webhooks import CallbackRefused, Delivery, backoff_s, check_callback
 from worker.settings import Settings
 
@@ -64,3 +66,12 @@ def test_a_dead_letter_holds_what_a_replay_needs() -> None:
     assert letter["kind"] == "webhook" and letter["callId"] == "c-1" and letter["webhookId"] == "msg_c-1"
     assert letter["url"] == "https://hooks.example.com/x" and json.loads(letter["envelope"]) == {"callId": "c-1"}
     assert letter["attempts"] == 3 and letter["firstAttemptAt"] == 1.0 and "503" in letter["reason"]
+
+
+def test_flower_and_dead_letters_show_a_callback_url_without_its_path_or_query() -> None:
+    """A callback URL's path and query may carry the receiver's token: Flower sees its origin, a dead letter
+    of a rejected message nothing of it."""
+    call = {"tool": "t", "callback": {"url": "https://u:pw@hooks.example.com:8443/in?token=abc"}}
+    shown = redacted_repr([call])
+    assert "hooks.example.com:8443" in shown and "abc" not in shown and "pw" not in shown
+    assert _hidden({"body": [[call]]}) == {"body": [[{"tool": "t", "callback": {"url": "[redacted]"}}]]}

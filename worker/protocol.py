@@ -8,6 +8,7 @@ Anything that can LPUSH a JSON string onto a Redis list can enqueue a call; the 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import uuid
 from collections.abc import Iterator
@@ -120,10 +121,22 @@ def _repr(message: Any, room: int) -> str:
         return "[" + ", ".join(parts) + ("]" if len(parts) == len(message) else "")
     if isinstance(message, dict) and isinstance(message.get("headers"), dict):
         message = {**message, "headers": dict.fromkeys(message["headers"], REDACTED)}
+    if isinstance(message, dict) and isinstance(message.get("callback"), dict):
+        # A callback URL's path and query may carry the receiver's token: its origin only.
+        message = {**message, "callback": {"url": _origin(message["callback"].get("url"))}}
     try:
         return json.dumps(message, ensure_ascii=False, default=str)
     except (ValueError, RecursionError):
         return "<unrepresentable>"
+
+
+_URL_ORIGIN = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#@]*@)?([^/?#]*)")
+
+
+def _origin(url: Any) -> str:
+    """scheme://host[:port] of a URL, its credentials and everything after the host hidden."""
+    match = _URL_ORIGIN.match(url) if isinstance(url, str) else None
+    return REDACTED if match is None else f"{match[1]}://{match[2]}/{REDACTED}"
 
 
 def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXECUTE) -> str:

@@ -115,20 +115,24 @@ def _record(reason: str, exc: Exception | None, data: bytes, shown: str | None) 
 
 
 def _hidden(value: Any, depth: int = 0) -> Any:
-    """`value` with the values of every `headers` object hidden, however deep (a message's own headers, and
-    each call's in its body); what lies deeper than a record shows is cut."""
+    """`value` with the values of every `headers` object (and callback URL) hidden, however deep (a message's
+    own headers, and each call's in its body); what lies deeper than a record shows is cut."""
     if depth > _SHOWN_DEPTH:
         return "..."
     if isinstance(value, dict):
-        return {
-            key: dict.fromkeys(item, REDACTED)
-            if key == "headers" and isinstance(item, dict)
-            else _hidden(item, depth + 1)
-            for key, item in value.items()
-        }
+        return {key: _hidden_item(key, item, depth) for key, item in value.items()}
     if isinstance(value, list):
         return [_hidden(item, depth + 1) for item in value]
     return value
+
+
+def _hidden_item(key: str, item: Any, depth: int) -> Any:
+    """Header values, and a callback's URL (its path or query may hold the receiver's token), hidden."""
+    if key == "headers" and isinstance(item, dict):
+        return dict.fromkeys(item, REDACTED)
+    if key == "callback" and isinstance(item, dict):
+        return {"url": REDACTED}
+    return _hidden(item, depth + 1)
 
 
 def _transport_view(payload: dict[str, Any]) -> dict[str, Any]:
