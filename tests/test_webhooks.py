@@ -64,6 +64,25 @@ class HookStack:
         finally:
             client.close()
 
+    def stored_text(self) -> bytes:
+        """Every value of every key of this Redis, concatenated (to look for what must not be there)."""
+        client = redis.Redis.from_url(self.redis.url)
+        readers: dict[bytes, Any] = {
+            b"string": lambda k: [client.get(k)],
+            b"hash": lambda k: [b for kv in client.hgetall(k).items() for b in kv],
+            b"list": lambda k: client.lrange(k, 0, -1),
+            b"set": lambda k: list(client.smembers(k)),
+            b"zset": lambda k: client.zrange(k, 0, -1),
+            b"stream": lambda k: [b for _, fields in client.xrange(k) for kv in fields.items() for b in kv],
+        }
+        parts: list[bytes] = []
+        try:
+            for key in client.scan_iter(count=1000):
+                parts += [key, *(v for v in readers[client.type(key)](key) if isinstance(v, bytes))]
+        finally:
+            client.close()
+        return b"".join(parts)
+
     def pending(self) -> tuple[int, int]:
         """Entries in the due set, and delivery records."""
         client = redis.Redis.from_url(self.redis.url)
@@ -149,8 +168,10 @@ def test_client_callback_url_delivers_the_signed_envelope(hooks: HookStack, allo
     assert json.loads(delivery.body) == result.to_dict()
     wait_until(lambda: hooks.pending() == (0, 0), 10, "the record deleted")
     wait_until(lambda: "webhook.delivered" in hooks.log_text(), 10, "the delivery logged")
-    log = hooks.log_text()
+    log, stored = hooks.log_text(), hooks.stored_text()
     assert OLD_SECRET[6:] not in log and NEW_SECRET[6:] not in log
+    assert result.call_id.encode() in stored  # the scan reads what Redis holds
+    assert OLD_SECRET[6:].encode() not in stored and NEW_SECRET[6:].encode() not in stored
 
 
 def test_submit_and_many_calls_each_deliver(hooks: HookStack, allow_callbacks: None) -> None:
