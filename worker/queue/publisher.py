@@ -47,7 +47,8 @@ Published = tuple[ToolResult, str | None, str | None]
 
 
 class Publisher:
-    """Stores and announces envelopes: the result key, its channel, the done marker, the reply stream."""
+    """Stores and announces envelopes: the result key, its channel, the done marker, the reply stream, and
+    the webhook record of a call with a callback."""
 
     def __init__(
         self, client: aioredis.Redis, ttl_s: int, stream_maxlen: int, on_callback: Callable[[], None] | None = None
@@ -120,7 +121,9 @@ class Publisher:
         if reply_to:
             keys.append(valid_text(reply_to))
         meta = result_meta(call_id, envelope)
-        webhook = [callback_url or "", webhook_id(call_id), int(time.time() * 1000), call_id]
+        webhook = (
+            [callback_url, webhook_id(call_id), int(time.time() * 1000), call_id] if callback_url else ["", "", 0, ""]
+        )
         return [len(keys), *keys, meta, self._ttl_s, envelope, self._stream_maxlen, *webhook]
 
     async def _evalsha(self, calls: list[list[Any]]) -> list[Any]:
