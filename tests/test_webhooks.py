@@ -3,6 +3,7 @@ that verifies each delivery with the `standardwebhooks` package's own verifier."
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 import httpx2
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
@@ -26,7 +28,7 @@ from worker.client import ToolClient
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.protocol import task_message
-from worker.queue.webhooks import DUE_KEY, RECORD_PREFIX, CallbackRefused, sign, webhook_id
+from worker.queue.webhooks import DUE_KEY, RECORD_PREFIX, CallbackRefused, requeue, sign, webhook_id
 from worker.settings import get_settings
 
 pytestmark = pytest.mark.integration
@@ -301,7 +303,7 @@ def test_an_always_failing_receiver_is_given_up_after_the_window(
     upstream: Upstream, dns: DnsServer, tmp_path: Path, allow_callbacks: None
 ) -> None:
     """With a 4 s retry window, a receiver that always answers 503 sees no attempt after the window, and the
-    delivery becomes a dead letter naming the reason."""
+    delivery becomes a dead letter naming the reason, which a replay delivers."""
     window_s = 4.0
     receiver = Receiver([NEW_SECRET], free_port(), modes={"broken": "fail"})
     stack, server = make_stack(tmp_path, upstream, dns, receiver, TOOLWORKER_CALLBACK_RETRY_SECONDS=str(window_s))
@@ -317,8 +319,21 @@ def test_an_always_failing_receiver_is_given_up_after_the_window(
         first = letter["firstAttemptAt"]
         assert all(d.at <= first + window_s + 1.0 for d in receiver.to("broken"))
         assert stack.pending() == (0, 0)  # nothing left that could be attempted again
+        # A replay of the dead letter (what `requeue` does) delivers it, with the same webhook-id.
+        receiver.modes["broken"] = "accept"
+        asyncio.run(_requeue(stack.redis.url, letter))
+        wait_until(lambda: receiver.accepted("broken"), 30, "the replayed delivery")
+        assert receiver.accepted("broken")[0].headers["webhook-id"] == f"msg_{result.call_id}"
     finally:
         close_stack(stack, server)
+
+
+async def _requeue(redis_url: str, letter: dict[str, Any]) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await requeue(client, letter)
+    finally:
+        await client.aclose()
 
 
 def test_a_worker_killed_during_delivery_loses_nothing(
