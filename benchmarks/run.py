@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import approvals, console, gateway, identity, pipeline, replicas, tenants, tracing, vault
+from benchmarks import approvals, console, gateway, identity, pipeline, replicas, tenants, tracing, vault, webhooks
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -506,6 +506,78 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
             server.stop()
 
 
+@dataclass(frozen=True)
+class Section:
+    """A part of the run that `--NAME-only` runs alone: what it says while it runs, how, and its printout."""
+
+    name: str
+    what: str
+    run: Callable[[EmbeddedRedis, Sizes, argparse.Namespace], Any]
+    show: Callable[[Any], None]
+
+
+def _rounds(args: argparse.Namespace) -> int:
+    return 1 if args.quick else TRACING_ROUNDS
+
+
+def _tenants(server: EmbeddedRedis, sizes: Sizes, args: argparse.Namespace) -> Any:
+    rounds, burst = (1, TENANTS_QUICK_BURST) if args.quick else (TENANTS_ROUNDS, TENANTS_BURST)
+    return tenants.run(server.url, sizes.calls, rounds, burst, args.tenants_reference_tree)
+
+
+SECTIONS = (
+    Section(
+        "gateway",
+        "gateway: MCP and REST against the direct client",
+        lambda server, sizes, args: gateway.run(server.url, sizes.calls, sizes.light_calls),
+        gateway.print_section,
+    ),
+    Section(
+        "replicas",
+        "replicas: MIN_REPLICAS 0 and 1",
+        lambda server, sizes, args: replicas.run(sizes.calls, sizes.light_calls, _rounds(args)),
+        replicas.print_section,
+    ),
+    Section(
+        "tracing",
+        "tracing: off, 10% and 100% sampled",
+        lambda server, sizes, args: tracing.run(server.url, sizes.calls, _rounds(args), args.reference_tree),
+        tracing.print_section,
+    ),
+    Section(
+        "identity",
+        "identity: static tokens and JWT at the gateway",
+        lambda server, sizes, args: identity.run(server.url, sizes.calls, sizes.light_calls, _rounds(args)),
+        identity.print_section,
+    ),
+    Section(
+        "vault",
+        "vault: what acting for a user adds to a call",
+        lambda server, sizes, args: vault.run(server.url, args.quick),
+        vault.print_section,
+    ),
+    Section("tenants", "tenants: the fair take against the take before tenants", _tenants, tenants.print_section),
+    Section(
+        "console",
+        "console: the fleet page at 100 tenants",
+        lambda server, sizes, args: console.run(server.url, 100 if args.quick else console.REQUESTS),
+        console.print_section,
+    ),
+    Section(
+        "approvals",
+        "approvals: the check on calls that need none",
+        lambda server, sizes, args: approvals.run(server.url, max(sizes.light_calls, APPROVAL_CALLS), _rounds(args)),
+        approvals.print_section,
+    ),
+    Section(
+        "webhooks",
+        "webhooks: what a delivery costs a worker",
+        lambda server, sizes, args: webhooks.run(server.url, sizes.calls, _rounds(args)),
+        webhooks.print_section,
+    ),
+)
+
+
 def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "timestamp": datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"),
@@ -517,8 +589,7 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
-    only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only or args.replicas_only
-    only = only or args.console_only or args.approvals_only or args.vault_only
+    only = any(getattr(args, f"{section.name}_only") for section in SECTIONS)
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
         if not only:
@@ -527,35 +598,10 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
             print("memory: calls in flight, big bodies", file=sys.stderr, flush=True)
             results["in_flight"] = run_in_flight(server.url, sizes)
             results["big_bodies"] = run_big_bodies(server.url, sizes)
-        if not only or args.gateway_only:
-            print("gateway: MCP and REST against the direct client", file=sys.stderr, flush=True)
-            results["gateway"] = gateway.run(server.url, sizes.calls, sizes.light_calls)
-        if not only or args.replicas_only:
-            print("replicas: MIN_REPLICAS 0 and 1", file=sys.stderr, flush=True)
-            rounds = 1 if args.quick else TRACING_ROUNDS
-            results["replicas"] = replicas.run(sizes.calls, sizes.light_calls, rounds)
-        if not only or args.tracing_only:
-            print("tracing: off, 10% and 100% sampled", file=sys.stderr, flush=True)
-            rounds = 1 if args.quick else TRACING_ROUNDS
-            results["tracing"] = tracing.run(server.url, sizes.calls, rounds, args.reference_tree)
-        if not only or args.identity_only:
-            print("identity: static tokens and JWT at the gateway", file=sys.stderr, flush=True)
-            rounds = 1 if args.quick else TRACING_ROUNDS
-            results["identity"] = identity.run(server.url, sizes.calls, sizes.light_calls, rounds)
-        if not only or args.vault_only:
-            print("vault: what acting for a user adds to a call", file=sys.stderr, flush=True)
-            results["vault"] = vault.run(server.url, args.quick)
-        if not only or args.tenants_only:
-            print("tenants: the fair take against the take before tenants", file=sys.stderr, flush=True)
-            rounds, burst = (1, TENANTS_QUICK_BURST) if args.quick else (TENANTS_ROUNDS, TENANTS_BURST)
-            results["tenants"] = tenants.run(server.url, sizes.calls, rounds, burst, args.tenants_reference_tree)
-        if not only or args.console_only:
-            print("console: the fleet page at 100 tenants", file=sys.stderr, flush=True)
-            results["console"] = console.run(server.url, 100 if args.quick else console.REQUESTS)
-        if not only or args.approvals_only:
-            print("approvals: the check on calls that need none", file=sys.stderr, flush=True)
-            rounds = 1 if args.quick else TRACING_ROUNDS
-            results["approvals"] = approvals.run(server.url, max(sizes.light_calls, APPROVAL_CALLS), rounds)
+        for section in SECTIONS:
+            if not only or getattr(args, f"{section.name}_only"):
+                print(section.what, file=sys.stderr, flush=True)
+                results[section.name] = section.run(server, sizes, args)
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -575,6 +621,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--identity-only", action="store_true", help="only the gateway's JWT-against-static rows")
     parser.add_argument("--vault-only", action="store_true", help="only the vault's rows (about a minute)")
     parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
+    parser.add_argument("--webhooks-only", action="store_true", help="only the webhook delivery rows")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
     parser.add_argument("--console-only", action="store_true", help="only the console's fleet page (a minute)")
@@ -605,22 +652,9 @@ def main(argv: list[str] | None = None) -> None:
     print_matrix(results["rows"])
     print_light(results["light_load"])
     print_memory(results)
-    if results.get("gateway"):
-        gateway.print_section(results["gateway"])
-    if results.get("tracing"):
-        tracing.print_section(results["tracing"])
-    if results.get("identity"):
-        identity.print_section(results["identity"])
-    if results.get("tenants"):
-        tenants.print_section(results["tenants"])
-    if results.get("vault"):
-        vault.print_section(results["vault"])
-    if results.get("replicas"):
-        replicas.print_section(results["replicas"])
-    if results.get("console"):
-        console.print_section(results["console"])
-    if results.get("approvals"):
-        approvals.print_section(results["approvals"])
+    for section in SECTIONS:
+        if results.get(section.name):
+            section.show(results[section.name])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:

@@ -44,9 +44,11 @@ from worker.constants import (
 from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
 from worker.errors import RedisLost, TenantQueueFull
+from worker.http.egress import EgressPolicy
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_messages
 from worker.queue import scheduler
+from worker.queue.webhooks import check_callback
 from worker.redaction import mask_url
 from worker.settings import get_settings
 
@@ -110,10 +112,12 @@ class AsyncToolClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
         user: str | None = None,
+        callback_url: str | None = None,
     ) -> ToolResult:
-        """One call; `user` names whom it acts for (the vault's tokens of `oauth2_user` upstreams)."""
-        spec = (tool, arguments or {}, headers or {})
-        return (await self.acall_many([spec], timeout=timeout, tenant=tenant, user=user))[0]
+        """One call; `user` names whom it acts for (the vault's tokens of `oauth2_user` upstreams), `callback_url`
+        where its envelope is POSTed once published (signed, Standard Webhooks)."""
+        specs: list[CallSpec] = [(tool, arguments or {}, headers or {})]
+        return (await self.acall_many(specs, timeout=timeout, tenant=tenant, user=user, callback_url=callback_url))[0]
 
     async def acall_many(
         self,
@@ -122,12 +126,13 @@ class AsyncToolClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
         user: str | None = None,
+        callback_url: str | None = None,
     ) -> list[ToolResult]:
         """Run many calls as one message; results come back in order. Raises RedisLost when Redis does not
         answer within `timeout` plus CLIENT_SLACK_S."""
         _check_timeout(timeout)  # before it bounds anything
         started = time.monotonic()
-        enqueue = self.submit_many(calls, timeout=timeout, tenant=tenant, user=user)
+        enqueue = self.submit_many(calls, timeout=timeout, tenant=tenant, user=user, callback_url=callback_url)
         call_ids = await self._bounded(enqueue, timeout, "while enqueuing the call (it may be enqueued all the same)")
         wait_s = max(0.0, started + timeout - time.monotonic())
         return await self._collect(call_ids, [spec[0] for spec in calls], wait_s, timeout)
@@ -142,28 +147,20 @@ class AsyncToolClient:
         tenant: str | None = None,
         principal: str | None = None,
         user: str | None = None,
+        callback_url: str | None = None,
     ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
         calls carry the active span's trace context (OpenTelemetry), else `trace` when given; they are
         for `tenant` (the client's own when None), made by `principal` when one is named (the gateway).
+        With `callback_url`, each envelope is also POSTed there once published (signed webhooks); raises
+        CallbackRefused (an EgressBlocked) when TOOLWORKER_CALLBACK_ALLOW does not allow it.
         Raises TenantQueueFull, enqueuing none of them, when the tenant has its max_queued calls waiting."""
         _check_timeout(timeout)
+        if callback_url is not None:
+            check_callback(EgressPolicy.parse(get_settings().callback_allow), callback_url)
         tenant = self.tenant if tenant is None else checked_tenant(tenant)
         self._ensure_reader()
-        now = datetime.now(UTC)
-        common: dict[str, Any] = {
-            "timeoutSeconds": timeout,
-            "deadline": (now + timedelta(seconds=timeout)).isoformat(),
-            "enqueuedAt": now.isoformat(),
-            "replyTo": self.reply_stream,
-            **(tracing.current_context() or trace or {}),
-        }
-        if tenant != DEFAULT_TENANT:
-            common["tenant"] = tenant
-        if principal is not None:
-            common["principal"] = principal
-        if user is not None:
-            common["user"] = checked_user(user)
+        common = self._common(timeout, trace, tenant, principal, user, callback_url)
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
         messages = [_message(spec, call_id, common) for spec, call_id in zip(calls, ids, strict=True)]
         loop = asyncio.get_running_loop()
@@ -183,6 +180,32 @@ class AsyncToolClient:
                 self._waiting.pop(message["callId"], None)
             raise
         return [m["callId"] for m in messages]
+
+    def _common(
+        self,
+        timeout: float,
+        trace: Mapping[str, str] | None,
+        tenant: str,
+        principal: str | None,
+        user: str | None,
+        callback_url: str | None,
+    ) -> dict[str, Any]:
+        """The fields every call of one submission carries."""
+        now = datetime.now(UTC)
+        common: dict[str, Any] = {
+            "timeoutSeconds": timeout,
+            "deadline": (now + timedelta(seconds=timeout)).isoformat(),
+            "enqueuedAt": now.isoformat(),
+            "replyTo": self.reply_stream,
+            **(tracing.current_context() or trace or {}),
+        }
+        optional = {
+            "tenant": None if tenant == DEFAULT_TENANT else tenant,
+            "principal": principal,
+            "user": None if user is None else checked_user(user),
+            "callback": None if callback_url is None else {"url": callback_url},
+        }
+        return common | {key: value for key, value in optional.items() if value is not None}
 
     async def _flush(self) -> None:
         # Concurrent submitters join this flush: for one tick, or a little longer when calls come in a stream.
@@ -443,9 +466,12 @@ class ToolClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
         user: str | None = None,
+        callback_url: str | None = None,
     ) -> ToolResult:
-        called = self._async.acall(tool, arguments, headers=headers, timeout=timeout, tenant=tenant, user=user)
-        return self._run(called, timeout)
+        call = self._async.acall(
+            tool, arguments, headers=headers, timeout=timeout, tenant=tenant, user=user, callback_url=callback_url
+        )
+        return self._run(call, timeout)
 
     def submit(
         self,
@@ -456,14 +482,17 @@ class ToolClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
         user: str | None = None,
+        callback_url: str | None = None,
     ) -> CallHandle:
         # Returns at once, so that calls submitted in a row leave together in batch messages.
+        if callback_url is not None:  # raised here, as the asynchronous client raises it from submit_many
+            check_callback(EgressPolicy.parse(get_settings().callback_allow), callback_url)
         call_id = str(uuid.uuid4())
         spec = (tool, arguments or {}, headers or {})
-        sent = asyncio.run_coroutine_threadsafe(
-            self._async.submit_many([spec], timeout=timeout, call_ids=[call_id], tenant=tenant, user=user),
-            self._loop.loop,
+        submit = self._async.submit_many(
+            [spec], timeout=timeout, call_ids=[call_id], tenant=tenant, user=user, callback_url=callback_url
         )
+        sent = asyncio.run_coroutine_threadsafe(submit, self._loop.loop)
         return CallHandle(self, call_id, sent)
 
     def call_many(
@@ -473,8 +502,10 @@ class ToolClient:
         timeout: float = DEFAULT_CALL_TIMEOUT_S,
         tenant: str | None = None,
         user: str | None = None,
+        callback_url: str | None = None,
     ) -> list[ToolResult]:
-        return self._run(self._async.acall_many(list(calls), timeout=timeout, tenant=tenant, user=user), timeout)
+        many = self._async.acall_many(list(calls), timeout=timeout, tenant=tenant, user=user, callback_url=callback_url)
+        return self._run(many, timeout)
 
     def tools(self, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.tools(tags), DEFAULT_CALL_TIMEOUT_S)

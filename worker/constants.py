@@ -18,7 +18,8 @@ OVER_QUOTA_HEADER = "x-toolworker-over-quota"
 
 # Celery's Redis result backend stores results under this prefix and publishes on the same channel. The
 # result keys, done markers (worker/queue/publisher.py) and dead letters (worker/queue/dead_letter.py)
-# are each written and read by one module.
+# are each written and read by one module (dead letters are also written by worker/queue/webhooks.py, for a
+# delivery given up).
 RESULT_KEY_PREFIX = "celery-task-meta-"
 # SET NX on this key before publishing makes result publication exactly-once per callId.
 DONE_KEY_PREFIX = "toolcall:done:"

@@ -8,6 +8,7 @@ Anything that can LPUSH a JSON string onto a Redis list can enqueue a call; docs
 from __future__ import annotations
 
 import json
+import re
 import socket
 import uuid
 from collections.abc import Iterator
@@ -34,6 +35,15 @@ _ARGSREPR_MAX = 1024
 # (8 MiB by default): a batch of calls near the 1 MiB arguments cap must not be one message.
 MAX_BATCH_BYTES = 1024 * 1024
 MAX_REPLY_TO_CHARS = 512
+MAX_CALLBACK_URL_CHARS = 2048
+
+
+class Callback(BaseModel):
+    """Where the call's envelope is POSTed once published (worker/queue/webhooks.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    url: str = Field(min_length=1, max_length=MAX_CALLBACK_URL_CHARS)
 
 
 class ToolCall(BaseModel):
@@ -61,6 +71,7 @@ class ToolCall(BaseModel):
     # Whom the call acts for: the vault's token set of this user is used for `oauth2_user` upstreams (the
     # gateway sets its principal; a producer names it, trusted like the rest of the message).
     user: str | None = Field(None, min_length=1, max_length=256)
+    callback: Callback | None = None
 
     @field_validator("traceparent", "tracestate", "enqueued_at", mode="wrap")
     @classmethod
@@ -113,10 +124,22 @@ def _repr(message: Any, room: int) -> str:
         return "[" + ", ".join(parts) + ("]" if len(parts) == len(message) else "")
     if isinstance(message, dict) and isinstance(message.get("headers"), dict):
         message = {**message, "headers": dict.fromkeys(message["headers"], REDACTED)}
+    if isinstance(message, dict) and isinstance(message.get("callback"), dict):
+        # A callback URL's path and query may carry the receiver's token: its origin only.
+        message = {**message, "callback": {"url": url_origin(message["callback"].get("url"))}}
     try:
         return json.dumps(message, ensure_ascii=False, default=str)
     except (ValueError, RecursionError):
         return "<unrepresentable>"
+
+
+_URL_ORIGIN = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#@]*@)?([^/?#]*)")
+
+
+def url_origin(url: Any) -> str:
+    """scheme://host[:port] of a URL, its credentials and everything after the host hidden."""
+    match = _URL_ORIGIN.match(url) if isinstance(url, str) else None
+    return REDACTED if match is None else f"{match[1]}://{match[2]}/{REDACTED}"
 
 
 def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXECUTE) -> str:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TOOLWORKER_", extra="ignore")
+    # Errors never quote a value: some are secrets (tokens, webhook secrets).
+    model_config = SettingsConfigDict(env_prefix="TOOLWORKER_", extra="ignore", hide_input_in_errors=True)
 
     redis_url: str = "redis://localhost:6379/0"
     # How long a command that starts (worker, call, publish) waits for Redis before it says why it cannot.
@@ -84,6 +87,30 @@ class Settings(BaseSettings):
     console_session_ttl_seconds: int = Field(8 * 3600, ge=60, le=30 * 86_400)
     # How long a parked call waits for a human's decision before it is answered as expired (exit 75).
     approval_ttl_seconds: int = Field(3600, ge=1, le=30 * 86_400)
+    # Callbacks (worker/queue/webhooks.py): the hosts a call's `callback.url` may name, in the egress
+    # allow-list's syntax (empty = callbacks refused at enqueue); each delivery also passes the egress
+    # policy's connect-time address check against this list.
+    callback_allow: str = ""
+    # Space-separated `whsec_<base64>` secrets; each signs every delivery (several during a key rotation).
+    callback_secret: SecretStr = SecretStr("")
+    # How long a delivery is tried again (exponential backoff, jitter) before it is dead-lettered.
+    callback_retry_seconds: float = Field(3600.0, gt=0)
+    # The longest one delivery attempt may take; a worker's claim on a delivery lasts a little longer.
+    callback_timeout_seconds: float = Field(10.0, gt=0, le=300)
+
+    @field_validator("callback_secret")
+    @classmethod
+    def _whsec(cls, value: SecretStr) -> SecretStr:
+        """Each secret is `whsec_` followed by base64 (the error never quotes it)."""
+        for number, secret in enumerate(value.get_secret_value().split(), start=1):
+            if not secret.startswith("whsec_") or not _base64(secret[len("whsec_") :]):
+                raise ValueError(f"secret number {number} is not of the form whsec_<base64>")
+        return value
+
+    @property
+    def callback_keys(self) -> list[bytes]:
+        """The signing keys of TOOLWORKER_CALLBACK_SECRET, decoded."""
+        return [base64.b64decode(s[len("whsec_") :]) for s in self.callback_secret.get_secret_value().split()]
 
     @property
     def gateway_token_list(self) -> list[str]:
@@ -97,6 +124,13 @@ class Settings(BaseSettings):
     @property
     def dns_server_list(self) -> list[str]:
         return [s.strip() for s in self.dns_servers.split(",") if s.strip()]
+
+
+def _base64(text: str) -> bool:
+    try:
+        return bool(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError):
+        return False
 
 
 @lru_cache(maxsize=1)

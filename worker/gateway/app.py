@@ -28,7 +28,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from worker.gateway import openapi_document, version
@@ -153,7 +153,21 @@ async def _not_found(request: Request, exc: Any) -> Response:
 
 
 async def _not_allowed(request: Request, exc: Any) -> Response:
-    return error(405, "method_not_allowed", "This route does not take that method.")
+    """405 with the methods the path takes (RFC 9110 §15.5.6), from every route of that path."""
+    allowed = sorted(
+        {method for route in request.app.router.routes if _path_of(route, request.scope) for method in route.methods}
+    )
+    answer = error(405, "method_not_allowed", "This route does not take that method.")
+    answer.headers["Allow"] = ", ".join(allowed)
+    return answer
+
+
+def _path_of(route: Any, scope: Any) -> bool:
+    """Whether a route serves this request's path (whatever the method)."""
+    if not isinstance(route, Route) or not route.methods:
+        return False
+    match, _ = route.matches({**scope, "method": next(iter(route.methods))})
+    return match == Match.FULL
 
 
 def bind_host(settings: Settings, host: str | None, authenticated: bool | None = None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -12,6 +13,9 @@ from worker.constants import MAX_ARGUMENTS_DEPTH
 
 Model = TypeVar("Model", bound=BaseModel)
 _MAX_PROBLEMS = 5
+# A \uD800-\uDFFF escape: JSON's grammar lets one stand alone, but it is no Unicode text (it cannot be
+# encoded, so it would fail wherever the call goes next). Seen, the decoded body is checked for a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class BadBody(ValueError):
@@ -28,16 +32,37 @@ async def json_body(request: Request) -> Any:
     raw = await request.body()
     if not raw.strip():
         return {}
+    return loads(raw)
+
+
+def loads(raw: bytes, what: str = "The body") -> Any:
+    """JSON as RFC 8259 has it, and Unicode text throughout; BadBody (400) naming what is wrong otherwise."""
     try:
-        return json.loads(raw)
+        data = json.loads(raw, parse_constant=_not_json)
     except ValueError:
-        raise BadBody(400, "The body is not valid JSON.") from None
+        raise BadBody(400, f"{what} is not valid JSON.") from None
     except RecursionError:  # nested past what can be read: a call's arguments may nest far less anyway
         raise BadBody(
             400,
-            "The body is not valid JSON that can be read: it nests too deep "
+            f"{what} is not valid JSON that can be read: it nests too deep "
             f"(a call's arguments may nest {MAX_ARGUMENTS_DEPTH} levels at most).",
         ) from None
+    if _SURROGATE_ESCAPE.search(raw) and not _unicode(data):
+        raise BadBody(400, f"{what} holds a lone surrogate escape (\\ud800-\\udfff), which is not Unicode text.")
+    return data
+
+
+def _not_json(constant: str) -> Any:
+    """NaN, Infinity and -Infinity: Python reads them, JSON has no such values."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _unicode(data: Any) -> bool:
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
 
 
 def parse(model: type[Model], data: Any) -> Model:

@@ -67,6 +67,8 @@ class CallSpec:
     approved_by: str | None = None
     # The caller's validated OAuth access token, for an `oauth2_token_exchange` upstream (never enqueued).
     subject_token: str | None = field(default=None, repr=False)
+    # Where the envelope is POSTed once published (worker/queue/webhooks.py).
+    callback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Calls:
 
     async def submit(self, spec: CallSpec) -> Submitted:
         """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
-        FleetUnavailable, TenantQueueFull (the tenant's max_queued)."""
+        FleetUnavailable, TenantQueueFull (the tenant's max_queued), CallbackRefused."""
         tool = self.resolve(spec.tool, spec.principal)
         await self.health.admit()
         call_id = spec.call_id or str(uuid.uuid4())
@@ -147,6 +149,7 @@ class Calls:
                     tenant=who.tenant,
                     principal=who.name,
                     user=who.name,
+                    callback_url=spec.callback,
                 )
         except BaseException:  # not enqueued: the same callId may be sent again
             if spec.call_id is not None:

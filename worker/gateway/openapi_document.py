@@ -44,7 +44,7 @@ SCHEMAS: JSON = {
         "required": ["tool"],
         "additionalProperties": False,
         "properties": {
-            "tool": {"type": "string", "description": "The tool's name."},
+            "tool": {"type": "string", "minLength": 1, "maxLength": 256, "description": "The tool's name."},
             "arguments": {"type": "object", "description": "The tool's arguments, as its input schema says."},
             "headers": {
                 "type": "object",
@@ -52,13 +52,37 @@ SCHEMAS: JSON = {
                 "description": "Per-call headers; kept only where the tool's upstream lists them as overridable.",
             },
             "callId": {
-                "type": "string",
+                "type": ["string", "null"],
+                "minLength": 1,
                 "maxLength": 256,
                 "description": "Names the call: sent again, it is answered from the same call.",
             },
-            "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "description": "The call's whole budget."},
+            "timeoutSeconds": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "maximum": 86400,
+                "description": "The call's whole budget.",
+            },
             "wait": {"type": "boolean", "default": True, "description": "false: answer 202 with the callId at once."},
-            "waitSeconds": {"type": "number", "minimum": 0, "maximum": 3600},
+            "waitSeconds": {"type": ["number", "null"], "minimum": 0, "maximum": 3600},
+            "callback": {"anyOf": [_ref("Callback"), {"type": "null"}]},
+        },
+    },
+    "Callback": {
+        "type": "object",
+        "required": ["url"],
+        "additionalProperties": False,
+        "description": "Where the envelope is POSTed once published, signed per Standard Webhooks (webhook-id, "
+        "webhook-timestamp, webhook-signature), retried with backoff; the host must be on the gateway's "
+        "TOOLWORKER_CALLBACK_ALLOW, else the call is refused (403 callback_refused; in a batch, that call's "
+        "envelope says exitCode 77).",
+        "properties": {
+            "url": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 2048,
+                "description": "An absolute http:// or https:// URL (checked against the allow-list).",
+            }
         },
     },
     "BatchRequest": {
@@ -68,7 +92,7 @@ SCHEMAS: JSON = {
         "properties": {
             "calls": {"type": "array", "items": _ref("CallRequest"), "minItems": 1, "maxItems": 1000},
             "wait": {"type": "boolean", "default": True},
-            "waitSeconds": {"type": "number", "minimum": 0, "maximum": 3600},
+            "waitSeconds": {"type": ["number", "null"], "minimum": 0, "maximum": 3600},
         },
     },
     "Envelope": {
@@ -195,6 +219,7 @@ def _paths() -> JSON:
                     "404": _json(_ref("Error"), "No such tool."),
                     "409": _json(_ref("Error"), "The callId names another call."),
                     "503": _json(_ref("Error"), "The fleet cannot take calls now."),
+                    "403": _json(_ref("Error"), "The callback URL is not allowed (callback_refused)."),
                     **_ERRORS,
                 },
                 requestBody=call_body,
@@ -245,7 +270,12 @@ def _paths() -> JSON:
                 "The tools the gateway offers, optionally by tag",
                 {"200": _json(_ref("ToolList"), "Light summaries, or the chosen export."), **_ERRORS},
                 parameters=[
-                    {"name": "tag", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}},
+                    {
+                        "name": "tag",
+                        "in": "query",
+                        "description": "Only the tools with this tag (repeat for any of several).",
+                        "schema": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                    },
                     _FORMAT,
                 ],
             )
@@ -256,7 +286,12 @@ def _paths() -> JSON:
                 "The tools that best match a question, best first",
                 {"200": _json(_ref("ToolList"), "Summaries with a score, or the chosen export."), **_ERRORS},
                 parameters=[
-                    {"name": "question", "in": "query", "required": True, "schema": {"type": "string"}},
+                    {
+                        "name": "question",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "string", "minLength": 1, "pattern": "\\S"},
+                    },
                     {"name": "top_k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 50}},
                     _FORMAT,
                 ],
@@ -397,10 +432,20 @@ def document(server_url: str, version: str) -> JSON:
             "description": "Tool calls for LLM agents, run by a fleet of workers through a queue.",
         },
         "servers": [{"url": server_url}],
-        "security": [{"bearer": []}],
+        # A gateway without tokens (`make run`: TOOLWORKER_GATEWAY_TOKENS empty, no access file) serves
+        # loopback only and asks for no Authorization: hence the empty alternative.
+        "security": [{"bearer": []}, {}],
         "paths": {**_paths(), **_approval_paths(), **_connection_paths()},
         "components": {
             "schemas": SCHEMAS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token of TOOLWORKER_GATEWAY_TOKENS or of the access file, or an OAuth 2.1 "
+                    "access token. A gateway started without any (`make run`) binds to loopback only and needs "
+                    "no Authorization header.",
+                }
+            },
         },
     }

@@ -15,8 +15,9 @@
 
 A call whose tool needs approval answers 202 at once (`status: awaiting_approval`): it is parked until
 decided. Errors are `{"error": {"type", "message"}}`: 400 not JSON, 403 a decision without the `approve`
-grant, 404 unknown tool or call, 409 a callId reused for another call (or a call decided already), 422 a
-body of the wrong shape, 503 the fleet cannot take calls.
+grant or a callback URL TOOLWORKER_CALLBACK_ALLOW refuses, 404 unknown tool or call, 409 a callId reused
+for another call (or a call decided already), 422 a body of the wrong shape, 503 the fleet cannot take
+calls.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from worker.gateway.calls import (
 from worker.gateway.decisions import NotAllowed
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import access_token_of, principal_of
+from worker.protocol import MAX_CALLBACK_URL_CHARS
 from worker.queue.approvals import NotParked
+from worker.queue.webhooks import CallbackRefused
 
 Format = Literal["summary", "openai", "anthropic", "mcp"]
 EXPORTS: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
@@ -61,10 +64,17 @@ MAX_WAIT_S = 3600.0
 AWAITING_APPROVAL = "awaiting_approval"
 
 
-class CallBody(BaseModel):
-    """One call as `/v1/calls` and `/v1/batches` take it."""
+class CallbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    model_config = ConfigDict(extra="forbid")
+    url: str = Field(min_length=1, max_length=MAX_CALLBACK_URL_CHARS)
+
+
+class CallBody(BaseModel):
+    """One call as `/v1/calls` and `/v1/batches` take it: strictly as the document says (no `"5"` for 5, no
+    `false` for 0)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     tool: str = Field(min_length=1, max_length=256)
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -74,6 +84,8 @@ class CallBody(BaseModel):
     timeoutSeconds: float | None = Field(None, gt=0, le=86_400)
     wait: bool = True
     waitSeconds: float | None = Field(None, ge=0, le=MAX_WAIT_S)
+    # Where the envelope is POSTed once published (signed webhooks; TOOLWORKER_CALLBACK_ALLOW).
+    callback: CallbackBody | None = None
 
 
 class DecisionBody(BaseModel):
@@ -86,7 +98,7 @@ class DecisionBody(BaseModel):
 
 
 class BatchBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     calls: list[CallBody] = Field(min_length=1, max_length=MAX_BATCH)
     wait: bool = True
@@ -119,6 +131,8 @@ def guarded(handler: Handler) -> Handler:
             return error(409, "call_id_conflict", str(exc))
         except FleetUnavailable as exc:
             return error(503, "unavailable", f"The tool fleet cannot take calls now: {exc}")
+        except CallbackRefused as exc:
+            return error(403, "callback_refused", exc.message)
         except TenantQueueFull as exc:
             response = error(429, exc.type, exc.message, tenant=exc.tenant, maxQueued=exc.limit)
             response.headers["Retry-After"] = str(QUEUE_FULL_RETRY_AFTER_S)
@@ -197,7 +211,7 @@ class Rest:
         spec = self._spec(call, request)
         try:
             submitted = await self.calls.submit(spec)
-        except UnknownTool as exc:
+        except (UnknownTool, CallbackRefused) as exc:
             call_id = call.callId or str(uuid.uuid4())
             return ToolResult.failure(call_id, call.tool, exc).to_dict()
         except CallIdConflict as exc:
@@ -216,9 +230,17 @@ class Rest:
     def _spec(self, body: CallBody, request: Request) -> CallSpec:
         headers = {**request.headers, **{k.lower(): v for k, v in body.headers.items()}}
         timeout_s = body.timeoutSeconds or self.default_timeout_s
+        callback = body.callback.url if body.callback else None
         principal, subject_token = principal_of(request.scope), access_token_of(request.scope)
         return CallSpec(
-            body.tool, body.arguments, headers, body.callId, timeout_s, principal=principal, subject_token=subject_token
+            body.tool,
+            body.arguments,
+            headers,
+            body.callId,
+            timeout_s,
+            principal=principal,
+            subject_token=subject_token,
+            callback=callback,
         )
 
     async def _answer(
@@ -243,15 +265,18 @@ class Rest:
 
     async def list_tools(self, request: Request) -> Response:
         snapshot = self.calls.visible(principal_of(request.scope))
-        rows = catalog.list_tools(snapshot.toolset, request.query_params.getlist("tag"))
+        tags = request.query_params.getlist("tag")
+        if not all(tags):
+            raise BadBody(422, "The query parameter `tag` must not be empty.")
+        rows = catalog.list_tools(snapshot.toolset, tags)
         return self._tools(rows, request, {"version": snapshot.version})
 
     async def search_tools(self, request: Request) -> Response:
         question = request.query_params.get("question", "").strip()
         if not question:
             raise BadBody(422, "The query parameter `question` is required.")
-        top_k = int(_float_param(request, "top_k", 5, 50))
-        rows = catalog.search(self.calls.visible(principal_of(request.scope)).toolset, question, max(top_k, 1))
+        top_k = _int_param(request, "top_k", 5, 1, 50)
+        rows = catalog.search(self.calls.visible(principal_of(request.scope)).toolset, question, top_k)
         return self._tools(rows, request, {})
 
     async def get_tool(self, request: Request) -> Response:
@@ -277,6 +302,15 @@ class Rest:
 
     async def metrics(self, request: Request) -> Response:
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+def _int_param(request: Request, name: str, default: int, lowest: int, highest: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.lstrip("-").isdigit() or not lowest <= int(raw) <= highest:
+        raise BadBody(422, f"The query parameter `{name}` must be an integer from {lowest} to {highest}.")
+    return int(raw)
 
 
 def _float_param(request: Request, name: str, default: float, highest: float) -> float:

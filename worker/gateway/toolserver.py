@@ -29,7 +29,7 @@ from worker.definitions import catalog
 from worker.envelope import ToolResult
 from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import metrics
-from worker.gateway.bodies import BadBody, json_body
+from worker.gateway.bodies import BadBody, json_body, loads
 from worker.gateway.calls import QUEUE_FULL_RETRY_AFTER_S, Calls, CallSpec
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
@@ -190,9 +190,9 @@ def _execution(body: Any) -> tuple[str, dict[str, Any], str | None]:
     env = body.get("env_name")
     if isinstance(arguments, str):  # XAgent's client may pass the model's arguments text as it came
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            raise BadBody(422, "`arguments` must be a JSON object.") from None
+            arguments = loads(arguments.encode(), "`arguments`")
+        except BadBody as exc:  # the body was JSON: this field of it is of the wrong shape
+            raise BadBody(422, exc.message) from None
     if not isinstance(name, str) or not name:
         raise BadBody(422, "`tool_name` (or `tool`) is required.")
     if not isinstance(arguments, dict):

@@ -26,7 +26,8 @@ from worker.settings import get_settings
 
 # How long a message whose result could not be published waits before it goes back to the queue.
 REQUEUE_PAUSE_S = 0.5
-# The service of this process, and what runs beside it on the loop (following versions, the approvals' sweep).
+# The service of this process, and what runs beside it on the loop (the approvals' sweep, webhook deliveries,
+# following definitions versions).
 _service: tuple[int, Service, list[Future[None]]] | None = None
 _lock = threading.Lock()
 
@@ -41,6 +42,8 @@ def process_service() -> Service:
             service = build_service(settings, bundles)
             sweep = approvals.sweep_forever(service.publisher.client, service.publisher)
             beside = [asyncio.run_coroutine_threadsafe(sweep, process_loop().loop)]
+            if service.deliveries is not None:  # webhooks: this process delivers its share of what is due
+                beside.append(asyncio.run_coroutine_threadsafe(service.deliveries.run(), process_loop().loop))
             if bundles is not None:
                 follow = redis_store.follow(
                     service.publisher.client,
@@ -55,7 +58,8 @@ def process_service() -> Service:
 
 
 def close_process_service(timeout_s: float = 5.0) -> None:
-    """Stop following versions and close the service's connections (a worker that stops)."""
+    """Stop following versions and delivering webhooks, and close the service's connections (a worker that
+    stops)."""
     global _service
     with _lock:
         if _service is None or _service[0] != os.getpid():

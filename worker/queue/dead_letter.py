@@ -1,5 +1,8 @@
 """Messages that are not calls at all: recorded in a dead-letter list, and answered when they can be.
 
+The list holds two kinds of entry: `kind: "message"`, written here, and `kind: "webhook"`, a delivery
+given up (written by worker/queue/webhooks.py in the script that gives it up, with what a replay needs).
+
 What a dead letter keeps of a message: its size and SHA-256 always; of a transport message (a JSON object
 with Celery's fields) its redacted form too, the body decoded and every `headers` value hidden; nothing
 of an item that is not one (not JSON, a JSON array, string or null: it may be anything, a secret
@@ -106,6 +109,7 @@ def _record(
 ) -> None:
     entry: dict[str, Any] = {
         "id": uuid.uuid4().hex,
+        "kind": "message",
         "reason": reason,
         "error": str(exc)[:500] if exc else None,
         "body": shown,
@@ -130,17 +134,12 @@ def _record(
 
 
 def _hidden(value: Any, depth: int = 0) -> Any:
-    """`value` with the values of every `headers` object hidden, however deep (a message's own headers, and
-    each call's in its body); what lies deeper than a record shows is cut."""
+    """`value` with the values of every `headers` object (and callback URL) hidden, however deep (a message's
+    own headers, and each call's in its body); what lies deeper than a record shows is cut."""
     if depth > _SHOWN_DEPTH:
         return "..."
     if isinstance(value, dict):
-        return {
-            key: dict.fromkeys(item, REDACTED)
-            if key == "headers" and isinstance(item, dict)
-            else _hidden(item, depth + 1)
-            for key, item in value.items()
-        }
+        return {key: _hidden_item(key, item, depth) for key, item in value.items()}
     if isinstance(value, list):
         return [_hidden(item, depth + 1) for item in value]
     return value
@@ -160,6 +159,15 @@ def _replayable_call(call: dict[str, Any]) -> dict[str, Any]:
     headers = call.get("headers")
     kept["headerNames"] = sorted(map(str, headers)) if isinstance(headers, dict) else []
     return kept
+
+
+def _hidden_item(key: str, item: Any, depth: int) -> Any:
+    """Header values, and a callback's URL (its path or query may hold the receiver's token), hidden."""
+    if key == "headers" and isinstance(item, dict):
+        return dict.fromkeys(item, REDACTED)
+    if key == "callback" and isinstance(item, dict):
+        return {"url": REDACTED}
+    return _hidden(item, depth + 1)
 
 
 def _transport_view(payload: dict[str, Any]) -> dict[str, Any]:

@@ -26,11 +26,14 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_TENANT, DONE_KEY_PREFIX
+from worker.protocol import url_origin
+from worker.queue import webhooks
 
 REPLAYED_PREFIX = DEAD_LETTER_KEY + ":replayed:"
 REPLAYED_TTL_S = 7 * 86_400
 # A record's kind when it names none: a message the workers refused.
 MESSAGE_KIND = "message"
+WEBHOOK_KIND = "webhook"
 DEFAULT_REPLAY_TIMEOUT_S = 60.0
 
 
@@ -71,8 +74,12 @@ class DeadLetter:
         return replayer is not None and replayer.holds(self)
 
     def shown(self) -> dict[str, Any]:
-        """The record for a page or a terminal, with its id (it holds no secret: header values never kept)."""
-        return {"id": self.id, **{k: v for k, v in self.entry.items() if k != "id"}}
+        """The record for a page or a terminal, with its id (it holds no secret: header values were never kept,
+        and a webhook's URL, whose path or query may hold the receiver's token, shows its origin only)."""
+        shown = {"id": self.id, **{k: v for k, v in self.entry.items() if k != "id"}}
+        if self.kind == WEBHOOK_KIND and isinstance(shown.get("url"), str):
+            shown["url"] = url_origin(shown["url"])
+        return shown
 
 
 def item_id(raw: bytes, entry: Mapping[str, Any]) -> str:
@@ -142,8 +149,20 @@ def _call_id(call: Any) -> str:
     return call_id if isinstance(call_id, str) and call_id else ""
 
 
-# kind -> how to replay it. Webhook deliveries register theirs here (REPLAYERS["webhook"] = ...).
-REPLAYERS: dict[str, Replayer] = {MESSAGE_KIND: CallReplayer()}
+class DeliveryReplayer:
+    """A webhook delivery given up: due again from a new record, with the same webhook-id and a new retry
+    window (webhooks.py), so the receiver can tell it from a new one."""
+
+    def holds(self, letter: DeadLetter) -> bool:
+        return all(isinstance(letter.entry.get(key), str) for key in ("callId", "url", "webhookId", "envelope"))
+
+    async def replay(self, letter: DeadLetter, context: ReplayContext) -> str:
+        await webhooks.requeue(context.redis, letter.entry)
+        return f"delivery of {letter.entry['callId']} due again ({letter.entry['webhookId']})"
+
+
+# kind -> how to replay it.
+REPLAYERS: dict[str, Replayer] = {MESSAGE_KIND: CallReplayer(), WEBHOOK_KIND: DeliveryReplayer()}
 
 
 # --- the list ---------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from worker.protocol import ToolCall, parse_call, reply_stream
 from worker.queue.approvals import PARKED_NOW, Gate
 from worker.queue.outcome import PublishFailed
 from worker.queue.publisher import Publisher
+from worker.queue.webhooks import CallbackRefused, Deliveries, check_callback
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.service")
@@ -38,13 +39,20 @@ log = structlog.get_logger("toolworker.service")
 
 class Service:
     def __init__(
-        self, runtime: Runtime, publisher: Publisher, definitions_version: int = 0, gate: Gate | None = None
+        self,
+        runtime: Runtime,
+        publisher: Publisher,
+        definitions_version: int = 0,
+        gate: Gate | None = None,
+        deliveries: Deliveries | None = None,
     ) -> None:
         self.runtime = runtime
         self.publisher = publisher
         self.definitions_version = definitions_version
         # Calls that wait for a human's approval are parked here instead of run (approvals.py).
         self.gate = gate
+        # The webhooks of this process (worker/queue/webhooks.py); None: callbacks are refused.
+        self.deliveries = deliveries
 
     async def serve(
         self, messages: list[Any], task_id: str, batch: bool, redelivered: bool = True, over_quota: int | None = None
@@ -60,7 +68,7 @@ class Service:
         done = await self._already_done([p[0].call_id for p in parsed]) if redelivered else set()
         if done:
             log.info("call.already_answered", callIds=sorted(done))
-        pending = [(_refused(p[0], over_quota), p[1]) for p in parsed if p[0].call_id not in done]
+        pending = [(self._checked(p[0], over_quota), p[1]) for p in parsed if p[0].call_id not in done]
         # Every call of the message runs to its end before a failure hands the message back.
         outcomes = await asyncio.gather(
             *(self._answer(item, reply_to, received_at) for item, reply_to in pending), return_exceptions=True
@@ -84,11 +92,25 @@ class Service:
             log.error("call.approval_check_failed", callId=call.call_id, reason=_reason(exc))
             raise PublishFailed(f"Could not check whether call {call.call_id} needs approval.") from exc
 
-    async def _publish(self, result: ToolResult, reply_to: str | None) -> None:
+    def _checked(self, item: ToolCall | ToolResult, over_quota: int | None) -> ToolCall | ToolResult:
+        """The call, or its refusal: its tenant over its max_queued, or a callback this worker may not call."""
+        item = _refused(item, over_quota)
+        if isinstance(item, ToolResult) or item.callback is None:
+            return item
+        try:
+            if self.deliveries is None:
+                raise CallbackRefused("Callbacks are off: TOOLWORKER_CALLBACK_SECRET (and _ALLOW) must be set.")
+            check_callback(self.deliveries.policy, item.callback.url)
+        except CallbackRefused as exc:
+            log.warning("call.callback_refused", callId=item.call_id, reason=exc.message)
+            return ToolResult.failure(item.call_id, item.tool, exc)
+        return item
+
+    async def _publish(self, result: ToolResult, reply_to: str | None, callback_url: str | None = None) -> None:
         """Publish the envelope; a failure is logged and raised as PublishFailed, so that the message is
         handed back rather than acknowledged with its call unanswered."""
         try:
-            await self.publisher.publish_one(result, reply_to)
+            await self.publisher.publish_one(result, reply_to, callback_url)
         except Exception as exc:
             log.error("call.publish_failed", callId=result.call_id, tool=result.tool, reason=_reason(exc))
             raise PublishFailed(f"The result of call {result.call_id} could not be published.") from exc
@@ -119,7 +141,7 @@ class Service:
             error_type = None if result.error is None else str(result.error.get("type"))
             tracing.answered(span, upstream, result.exit_code, result.status_code, result.attempts, error_type)
             with tracing.publishing(tool):
-                await self._publish(result, reply_to)
+                await self._publish(result, reply_to, call.callback.url if call.callback else None)
         return result
 
     async def switch(self, version: int, toolset: ToolSet) -> None:
@@ -128,6 +150,8 @@ class Service:
         self.definitions_version = version
 
     async def close(self) -> None:
+        if self.deliveries is not None:
+            await self.deliveries.close()
         await self.runtime.close()
         await self.publisher.client.aclose()
 
@@ -183,9 +207,21 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
         redis=client,
         users=user_tokens(settings, client),
     )
-    publisher = Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen)
+    deliveries = _deliveries(settings, client)
+    wake = deliveries.wake if deliveries is not None else None
+    publisher = Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen, wake)
     gate = Gate(client, runtime, settings.approval_ttl_seconds, settings.result_ttl_seconds)
-    return Service(runtime, publisher, version, gate)
+    return Service(runtime, publisher, version, gate, deliveries)
+
+
+def _deliveries(settings: Settings, client: aioredis.Redis) -> Deliveries | None:
+    """The webhook deliveries of this process; None when callbacks are off (no allow-list or no secret)."""
+    policy = EgressPolicy.parse(settings.callback_allow)
+    keys = settings.callback_keys
+    if not policy.enabled or not keys:
+        return None
+    retry_s, timeout_s = settings.callback_retry_seconds, settings.callback_timeout_seconds
+    return Deliveries(client, policy, keys, retry_s, timeout_s, settings.dns_server_list)
 
 
 def _initial_definitions(settings: Settings, bundles: redis_store.Bundles | None) -> tuple[int, ToolSet]:
