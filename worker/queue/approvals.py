@@ -297,7 +297,9 @@ async def settle(client: aioredis.Redis, publisher: Publisher, call_id: str) -> 
     state = state.decode() if isinstance(state, bytes) else state
     if state in (DENIED, EXPIRED):
         parked = ParkedCall(call_id, await _fields(client, key))
-        await publisher.publish_one(parked.refusal(), parked.fields.get("replyTo") or None)
+        callback = parked.call.get("callback")
+        callback_url = callback.get("url") if isinstance(callback, dict) else None
+        await publisher.publish_one(parked.refusal(), parked.fields.get("replyTo") or None, callback_url)
         log.info("call.refused", callId=call_id, state=state)
     await client.zrem(APPROVALS_KEY, call_id)
     return str(state) if state is not None else None
