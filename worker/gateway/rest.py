@@ -199,6 +199,8 @@ class Rest:
     async def _answer(
         self, submitted: Submitted, wait: bool, wait_s: float | None, timeout_s: float | None
     ) -> ToolResult | None:
+        if submitted.envelope is not None:  # answered from the cache: ready, whether or not asked to wait
+            return submitted.envelope
         if not wait:
             return None
         budget = wait_s if wait_s is not None else (timeout_s or self.default_timeout_s)

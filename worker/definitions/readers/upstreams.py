@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from worker import constants
-from worker.definitions.model import Auth, CircuitPolicy, RateLimit, RetryPolicy, Source, Upstream
+from worker.definitions.model import METHODS, Auth, CachePolicy, CircuitPolicy, RateLimit, RetryPolicy, Source, Upstream
 from worker.definitions.readers.document import StrictModel
 from worker.definitions.templates import Template
 
@@ -28,6 +28,11 @@ class CircuitModel(StrictModel):
 class RateLimitModel(StrictModel):
     per_second: float = Field(gt=0)
     burst: int = Field(1, ge=1)
+
+
+class CacheModel(StrictModel):
+    ttl_seconds: int = Field(ge=1, le=7 * 86_400)
+    methods: list[str] = ["GET", "HEAD"]
 
 
 class AuthModel(StrictModel):
@@ -74,6 +79,18 @@ class UpstreamModel(StrictModel):
     circuit: CircuitModel = CircuitModel()
     rate_limit: RateLimitModel | None = None
     auth: AuthModel | None = None
+    cache: CacheModel | None = None
+
+
+def build_cache(model: CacheModel | None) -> CachePolicy | None:
+    """A `cache:` block (on a tool or an upstream); methods are named in capitals, from the HTTP methods."""
+    if model is None:
+        return None
+    methods = frozenset(method.upper() for method in model.methods)
+    unknown = sorted(methods - METHODS)
+    if unknown or not methods:
+        raise ValueError(f"cache methods must be HTTP methods (not {', '.join(unknown) or 'none'})")
+    return CachePolicy(model.ttl_seconds, methods)
 
 
 def build_auth(name: str, model: AuthModel) -> Auth:
@@ -137,5 +154,6 @@ def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
         circuit=CircuitPolicy(model.circuit.threshold, model.circuit.cooldown_seconds),
         rate_limit=RateLimit(model.rate_limit.per_second, model.rate_limit.burst) if model.rate_limit else None,
         auth=build_auth(name, model.auth) if model.auth else None,
+        cache=build_cache(model.cache),
         source=source,
     )
