@@ -1,8 +1,9 @@
 """Cached answers: a tool's (or its upstream's) `cache:` keeps 2xx envelopes in Redis, shared by the fleet.
 
-The key is a digest of the rendered request (tool, method, URL, body, headers) and of the identity of the
-call's own credentials (`credential_identity`), so that no answer made with one user's credentials is given
-to another. The upstream's `Cache-Control` is respected: `no-store`, `no-cache` and `private` keep an answer
+The key is a digest of the rendered request (tool, method, URL, body, headers; its `${env:...}` settings and
+secrets as their names, so that the gateway, which holds none of them, finds the same key) and of the
+identity of the call's own credentials (`credential_identity`), so that no answer made with one user's
+credentials is given to another. The upstream's `Cache-Control` is respected: `no-store`, `no-cache` and `private` keep an answer
 out; a `max-age` shorter than `ttl_seconds` wins. Workers look up and store (run.py); the gateway looks up
 only, and answers a hit without the queue (worker/gateway/calls.py).
 """
@@ -22,7 +23,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from worker import errors
-from worker.call.pagination import first_request
+from worker.call.rendering import render
 from worker.constants import KIND_DEFINED
 from worker.definitions.model import Tool, Upstream
 from worker.envelope import ToolResult
@@ -57,12 +58,26 @@ def _taken(name: str, upstream: Upstream) -> bool:
     return lower in upstream.overridable_headers or lower == per_call
 
 
-def request_key(tool: Tool, request: PreparedRequest, identity: str) -> str:
-    """The Redis key of the answer to this request, made with these credentials."""
+def request_key(tool: Tool, request: PreparedRequest, continuation: Any, identity: str) -> str:
+    """The Redis key of the answer to this request (a paginated tool's: from this page on), made with these
+    credentials."""
     body = hashlib.sha256(request.body or b"").hexdigest()
     headers = sorted((name.lower(), value) for name, value in request.headers)
-    material = json.dumps([tool.name, request.method, request.url, body, headers, identity], ensure_ascii=False)
-    return f"{CACHE_KEY_PREFIX}{tool.name}:{hashlib.sha256(material.encode()).hexdigest()}"
+    material = [tool.name, request.method, request.url, body, headers, continuation, identity]
+    digest = hashlib.sha256(json.dumps(material, ensure_ascii=False, default=str).encode()).hexdigest()
+    return f"{CACHE_KEY_PREFIX}{tool.name}:{digest}"
+
+
+def _named_request(
+    tool: Tool, upstream: Upstream, arguments: Mapping[str, Any], call_headers: Mapping[str, str]
+) -> tuple[PreparedRequest, Any]:
+    """The request with its settings and secrets as their names (the same in the gateway, which has none of
+    them, and in every worker), and a paginated tool's continuation argument apart."""
+    pagination = tool.pagination
+    if pagination is None:
+        return render(tool, upstream, arguments, call_headers, {}, placeholders=True), None
+    rest = {name: value for name, value in arguments.items() if name != pagination.param}
+    return render(tool, upstream, rest, call_headers, {}, placeholders=True), arguments.get(pagination.param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,17 +135,16 @@ def lookup(
     upstream: Upstream,
     arguments: Mapping[str, Any],
     call_headers: Mapping[str, str],
-    environ: Mapping[str, str],
     redis: aioredis.Redis | None,
 ) -> Lookup | None:
     """Where this call's answer is cached; None when the tool is not cached (or its method is not), or its
-    request cannot be rendered here (the call then runs, and says why)."""
+    request cannot be rendered (the call then runs, and says why)."""
     policy = tool.cache_policy(upstream)
     if redis is None or policy is None or tool.kind != KIND_DEFINED or tool.request.method not in policy.methods:
         return None
     try:
-        request = first_request(tool, upstream, arguments, call_headers, environ)
+        request, continuation = _named_request(tool, upstream, arguments, call_headers)
     except errors.ToolError:
         return None
-    key = request_key(tool, request, credential_identity(call_headers, upstream))
+    key = request_key(tool, request, continuation, credential_identity(call_headers, upstream))
     return Lookup(redis, key, tool.name, policy.ttl_s)

@@ -64,7 +64,7 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
 async def _answered(job: Job, runtime: Runtime) -> ToolResult:
     """The envelope of an admitted call: from the cache when its tool is cached and the answer is there."""
     tool = job.tool
-    cached = cache.lookup(tool, job.upstream, job.arguments, job.call.headers, runtime.environ, runtime.redis)
+    cached = cache.lookup(tool, job.upstream, job.arguments, job.call.headers, runtime.redis)
     if cached is not None:
         hit = await cached.get(job.call.call_id)
         metrics.observe_cache(tool.name, hit=hit is not None)

@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# A string cut short ends with this (the count of characters left out follows it).
-STRING_MARKER = "…[cut "
+# A string cut short ends with this (and the length it had), or where that does not fit, with the short one.
+STRING_MARKER = "…[cut from "
+SHORT_MARKER = "…"
 # The shortest a string is cut to (shorter ones are left whole and something else is cut).
 _MIN_STRING_CHARS = 16
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -57,14 +58,16 @@ def _fit(value: Any, budget: int, path: str, notes: list[str]) -> Any:
 
 
 def _cut_string(text: str, budget: int, path: str, notes: list[str]) -> str:
-    keep = max(budget - 2 - len(STRING_MARKER) - 12, _MIN_STRING_CHARS)
-    while keep > 0:
-        cut = f"{text[:keep]}{STRING_MARKER}{len(text) - keep} characters]"
-        if len(dumps(cut)) <= budget or keep <= _MIN_STRING_CHARS:
+    """The head of the string that fits, and the marker (its short form where the long one does not fit)."""
+    for marker in (f"{STRING_MARKER}{len(text)} characters]", SHORT_MARKER):
+        keep = budget - len(dumps(marker))
+        if keep >= _MIN_STRING_CHARS or marker == SHORT_MARKER:
+            keep = max(keep, 0)
+            while keep > 0 and len(dumps(text[:keep] + marker)) > budget:  # escapes take more than a character
+                keep -= max(1, (len(dumps(text[:keep] + marker)) - budget) // 2)
             break
-        keep -= max(1, len(dumps(cut)) - budget)
     notes.append(f"cut the string at {path} to {keep} of {len(text)} characters")
-    return cut
+    return text[:keep] + marker
 
 
 def _cut_list(items: list[Any], budget: int, path: str, notes: list[str]) -> list[Any]:

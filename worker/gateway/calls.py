@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -92,11 +91,8 @@ class Calls:
         health: FleetHealth,
         claim_ttl_s: int,
         audit: AuditTrail | None = None,
-        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
-        # What the tools' `${env:...}` read, to render a cached tool's request as the workers do.
-        self.environ = os.environ if environ is None else environ
         self.catalog = catalog
         self.health = health
         self._redis = redis
@@ -153,7 +149,7 @@ class Calls:
         """The call's answer from the cache, when its tool is cached and its arguments are valid."""
         upstream = self.catalog.snapshot.upstream(tool)
         headers = forwarded(spec.headers, upstream)
-        lookup = cache.lookup(tool, upstream, spec.arguments, headers, self.environ, self._redis)
+        lookup = cache.lookup(tool, upstream, spec.arguments, headers, self._redis)
         if lookup is None:
             return None
         try:
