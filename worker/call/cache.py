@@ -3,9 +3,9 @@
 The key is a digest of the rendered request (tool, method, URL, body, headers; its `${env:...}` settings and
 secrets as their names, so that the gateway, which holds none of them, finds the same key) and of the
 identity of the call's own credentials (`credential_identity`), so that no answer made with one user's
-credentials is given to another. The upstream's `Cache-Control` is respected: `no-store`, `no-cache` and `private` keep an answer
-out; a `max-age` shorter than `ttl_seconds` wins. Workers look up and store (run.py); the gateway looks up
-only, and answers a hit without the queue (worker/gateway/calls.py).
+credentials is given to another. The upstream's `Cache-Control` is respected: `no-store`, `no-cache` and
+`private` keep an answer out; a `max-age` shorter than `ttl_seconds` wins. Workers look up and store
+(run.py); the gateway looks up only, and answers a hit without the queue (worker/gateway/calls.py).
 """
 
 from __future__ import annotations
