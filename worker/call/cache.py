@@ -99,10 +99,9 @@ class Lookup:
         if raw is None:
             return None
         stored = json.loads(raw)
-        envelope = ToolResult.from_dict(stored["envelope"])
-        envelope.call_id, envelope.tool = call_id, self.tool
-        envelope.cached, envelope.age = True, max(int(time.time() - stored["storedAt"]), 0)
-        return envelope
+        age = max(int(time.time() - stored["storedAt"]), 0)
+        fields = {**stored["envelope"], "callId": call_id, "tool": self.tool, "cached": True, "age": age}
+        return ToolResult.from_dict(fields)
 
     async def put(self, envelope: ToolResult, response: Response | None) -> None:
         """Keep a 2xx envelope, for the TTL or the upstream's shorter max-age, unless the upstream said not to."""
