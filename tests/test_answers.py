@@ -148,6 +148,7 @@ def test_per_user_credentials_are_never_shared(answers: Answers) -> None:
     """Calls with another user's per-call credential miss; each user's own answer is cached for that user."""
     before = answers.state.hits["/item"]
     alice = answers.client.call("get_item", {"id": 5}, headers={"X-User-Token": "alice-token"})
+    assert alice.cached is False
     bob = answers.client.call("get_item", {"id": 5}, headers={"X-User-Token": "bob-token"})
     alice_again = answers.client.call("get_item", {"id": 5}, headers={"X-User-Token": "alice-token"})
     assert bob.cached is False and json.loads(bob.result)["name"] == "item for bob"
