@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import gateway, identity, pipeline, replicas, tenants, tracing
+from benchmarks import answers, gateway, identity, pipeline, replicas, tenants, tracing
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -516,6 +516,7 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     results["load_average_before"] = os.getloadavg()[0]
     only = args.gateway_only or args.tracing_only or args.identity_only or args.tenants_only or args.replicas_only
+    only = only or args.answers_only
     with embedded_redis() as server:
         results["rows"], results["light_load"] = [], []
         if not only:
@@ -527,6 +528,9 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
         if not only or args.gateway_only:
             print("gateway: MCP and REST against the direct client", file=sys.stderr, flush=True)
             results["gateway"] = gateway.run(server.url, sizes.calls, sizes.light_calls)
+        if not only or args.answers_only:
+            print("answers: cache hits against misses, structured output", file=sys.stderr, flush=True)
+            results["answers"] = answers.run(server.url, sizes.light_calls)
         if not only or args.replicas_only:
             print("replicas: MIN_REPLICAS 0 and 1", file=sys.stderr, flush=True)
             rounds = 1 if args.quick else TRACING_ROUNDS
@@ -563,6 +567,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
+    parser.add_argument("--answers-only", action="store_true", help="only the cache and structured output rows")
     parser.add_argument(
         "--tenants-reference-tree",
         type=Path,
@@ -599,6 +604,8 @@ def main(argv: list[str] | None = None) -> None:
         tenants.print_section(results["tenants"])
     if results.get("replicas"):
         replicas.print_section(results["replicas"])
+    if results.get("answers"):
+        answers.print_section(results["answers"])
     print_targets([Target(**t) for t in results["targets"]])
     path, previous = save(results, args.results_dir)
     if previous is not None:
