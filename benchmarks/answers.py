@@ -32,8 +32,8 @@ import aiohttp
 
 from benchmarks import gateway, pipeline
 from worker.call import shaping
-from worker.client import AsyncToolClient
 from worker.call.job import Answer, Job
+from worker.client import AsyncToolClient
 from worker.definitions.model import RequestTemplate, Tool, Upstream
 from worker.definitions.templates import Template
 from worker.http.transport import PreparedRequest, Response

@@ -86,10 +86,10 @@ class ToolResult:
     def to_json(self) -> str:
         """The envelope as published: JSON whose every text is valid Unicode (see `valid_text`).
 
-        Raises ValueError or TypeError when a field holds something JSON cannot carry."""
-        return json.dumps(
-            {key: _valid(value) for key, value in self.to_dict().items()}, ensure_ascii=False, allow_nan=False
-        )
+        Made valid once, on the whole text: JSON written with ensure_ascii=False carries a lone surrogate as
+        it is, and what `valid_text` puts in its place (U+FFFD, or a character of U+0080-U+00FF) needs no
+        escape in JSON. Raises ValueError or TypeError when a field holds something JSON cannot carry."""
+        return valid_text(json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolResult:
@@ -104,17 +104,6 @@ class ToolResult:
             exit_code=error.exit_code,
             **details,
         )
-
-
-def _valid(value: Any) -> Any:
-    """A field's value with its texts made valid (texts, maps of texts, and the parsed JSON of a body)."""
-    if isinstance(value, str):
-        return valid_text(value)
-    if isinstance(value, dict):
-        return {valid_text(str(key)): _valid(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_valid(item) for item in value]
-    return value
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))

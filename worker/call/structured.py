@@ -21,7 +21,7 @@ _MISMATCH_CHARS = 200
 def mismatch(tool: Tool, value: Any) -> str | None:
     """None when `value` conforms to the tool's output schema (or it has none); else what is wrong."""
     validator = _validator(tool)
-    if validator is None:
+    if validator is None or validator.is_valid(value):  # the common case, without collecting errors
         return None
     error = best_match(validator.iter_errors(value))
     if error is None:
