@@ -49,7 +49,9 @@ SEAMS = {
 }
 # The one module of queue/ the client uses: the tenant scheduler owns the tenant keys, and enqueuing for a
 # tenant runs its script, which keeps the list of tenants with work in step with their lists.
-ACROSS_SEAMS = {("worker.client", "worker.queue.scheduler")}
+# The cache: the gateway answers a hit without the queue, so it finds an answer under the key the workers
+# store it under, computed by the one function of the call's cache.
+ACROSS_SEAMS = {("worker.client", "worker.queue.scheduler"), ("worker.gateway.calls", "worker.call.cache")}
 # The OpenAPI reader's modules, each using only those before it.
 OPENAPI = "worker.definitions.readers.openapi"
 OPENAPI_ORDER = ["refs", "schemas", "operations", "tools", "importer", "entries"]

@@ -143,7 +143,7 @@ def lookup(
         return None
     try:
         request, continuation = _named_request(tool, upstream, arguments, call_headers)
-    except errors.ToolError:
+        key = request_key(tool, request, continuation, credential_identity(call_headers, upstream))
+    except (errors.ToolError, RecursionError):  # arguments nested past reason: the worker refuses them
         return None
-    key = request_key(tool, request, continuation, credential_identity(call_headers, upstream))
     return Lookup(redis, key, tool.name, policy.ttl_s)

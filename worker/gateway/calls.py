@@ -27,9 +27,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from jsonschema import Draft202012Validator
 
-from worker import errors, tracing
+from worker import tracing
 from worker.call import cache
-from worker.call.admission import validate_arguments
 from worker.client import AsyncToolClient
 from worker.connections import async_client
 from worker.definitions.model import Tool
@@ -153,8 +152,10 @@ class Calls:
         if lookup is None:
             return None
         try:
-            validate_arguments(dict(spec.arguments), _validator(tool))
-        except errors.ToolError:
+            valid = _validator(tool).is_valid(dict(spec.arguments))
+        except RecursionError:
+            valid = False
+        if not valid:
             return None  # the worker says what is wrong with them
         hit = await lookup.get(call_id)
         metrics.observe_cache(tool.name, hit=hit is not None)
