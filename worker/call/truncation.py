@@ -44,8 +44,10 @@ def fit(value: Any, limit_chars: int) -> Cut:
     return cut
 
 
-def _fit(value: Any, budget: int, path: str, notes: list[str]) -> Any:
-    size = len(dumps(value))
+def _fit(value: Any, budget: int, path: str, notes: list[str], size: int | None = None) -> Any:
+    """`value` cut to `budget` characters; `size`: its compact JSON length, when already known."""
+    if size is None:
+        size = len(dumps(value))
     if size <= budget:
         return value
     if isinstance(value, str):
@@ -87,18 +89,24 @@ def _cut_list(items: list[Any], budget: int, path: str, notes: list[str]) -> lis
 
 def _cut_dict(members: dict[str, Any], budget: int, path: str, notes: list[str]) -> dict[str, Any]:
     out = dict(members)
+    # Each member's length as `"key":value`, and the object's (braces and commas), kept up to date as it shrinks.
+    keys = {key: len(dumps(key)) + 1 for key in out}
     sizes = {key: len(dumps(value)) for key, value in out.items()}
+    total = 1 + sum(keys[key] + sizes[key] + 1 for key in out)
     for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
-        excess = len(dumps(out)) - budget
+        excess = total - budget
         if excess <= 0:
             return out
         if isinstance(out[key], str | list | dict):
-            out[key] = _fit(out[key], max(sizes[key] - excess, 2), _member_path(path, key), notes)
-    if len(dumps(out)) > budget:  # many small members: the last ones go
-        total = len(out)
-        while out and len(dumps(out)) > budget:
-            out.popitem()
-        notes.append(f"kept {len(out)} of {total} members at {path}")
+            cut = _fit(out[key], max(sizes[key] - excess, 2), _member_path(path, key), notes, sizes[key])
+            out[key], total = cut, total - sizes[key] + len(dumps(cut))
+            sizes[key] = len(dumps(cut))
+    if total > budget:  # many small members: the last ones go
+        count = len(out)
+        while out and total > budget:
+            key, _ = out.popitem()
+            total -= keys[key] + sizes[key] + 1
+        notes.append(f"kept {len(out)} of {count} members at {path}")
     return out
 
 
