@@ -14,7 +14,7 @@ from worker.call import cache, truncation
 from worker.call.pagination import first_request, next_link
 from worker.definitions.file_store import load as load_toolset
 from worker.envelope import ToolResult
-from worker.errors import EgressBlocked
+from worker.errors import EgressBlocked, InvalidArguments
 from worker.gateway import mcp_output
 from worker.http.transport import Response
 
@@ -116,6 +116,10 @@ def test_continuations_become_the_page_request() -> None:
     assert first_request(items, api, {}, {}, environ).url.endswith("/items?offset=0&limit=10")
     with pytest.raises(EgressBlocked):
         first_request(issues, api, {"cursor": "http://127.0.0.2:1/repos?page=2"}, {}, environ)
+    with pytest.raises(InvalidArguments):  # the rest of the upstream's host is not reached this way
+        first_request(issues, api, {"cursor": "http://127.0.0.1:1/admin/users?page=2"}, {}, environ)
+    same = first_request(issues, api, {"cursor": "http://127.0.0.1:1/repos/acme/app/issues?page=2"}, {}, environ)
+    assert same.url == "http://127.0.0.1:1/repos/acme/app/issues?page=2"
     assert "cursor" in issues.input_schema["properties"]  # the continuation argument, described for the model
 
 

@@ -37,7 +37,11 @@ PageAnswer = Callable[[Job], Awaitable[Answer]]
 
 
 def first_request(
-    tool: Tool, upstream: Upstream, arguments: Mapping[str, Any], call_headers: Mapping[str, str], environ: Any
+    tool: Tool,
+    upstream: Upstream,
+    arguments: Mapping[str, Any],
+    call_headers: Mapping[str, str],
+    environ: Mapping[str, str],
 ) -> PreparedRequest:
     """The tool's request for these arguments; for a paginated tool, the page its continuation argument
     names (a next URL on the upstream's origin, a cursor or an offset as query parameters)."""
@@ -48,7 +52,7 @@ def first_request(
     rest = {name: v for name, v in arguments.items() if name != pagination.param}
     request = render(tool, upstream, rest, call_headers, environ)
     if isinstance(value, str) and _is_url(value):
-        return replace(request, url=_same_origin(value, request.url))
+        return replace(request, url=_same_path(_same_origin(value, request.url), request.url))
     params = _page_params(pagination, value)
     return replace(request, url=_with_query(request.url, params)) if params else request
 
@@ -91,6 +95,13 @@ def _same_origin(target: str, rendered: str) -> str:
         raise errors.MalformedURL("The next page's URL is malformed.") from None
     if not same:
         raise errors.EgressBlocked("Blocked by the egress policy: the next page's link points to another host.")
+    return target
+
+
+def _same_path(target: str, rendered: str) -> str:
+    """A next URL (which a model may pass back) reaches the tool's own path only, not the rest of its host."""
+    if URL(target, encoded=True).path != URL(rendered, encoded=True).path:
+        raise errors.InvalidArguments("The next page's URL must be on this tool's own path.")
     return target
 
 
