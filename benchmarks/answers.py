@@ -10,6 +10,8 @@ time (light load, p50 and p95 of each):
   gateway answers from Redis, without the queue);
 - the uncached tool at the same upstream, direct and through the gateway: what a call cost before.
 
+The cases take turns, call by call, so that the load of a shared machine weighs on each alike.
+
 Structured output, in this process: `shaping.envelope` and `to_json` of one call (what a worker does
 per answer) for the same body read as text (not JSON), as JSON (parsed, structuredContent beside the text)
 and as JSON checked against an output schema, at 1 KB and 64 KB; microseconds per call, medians of rounds.
@@ -59,12 +61,11 @@ def run(redis_url: str, light_calls: int) -> dict[str, Any]:
         ),
     ):
         cache_rows = asyncio.run(_cache_rows(redis_url, url, light_calls))
-    return {"cache": cache_rows, "structured": structured_rows(light_calls * 10)}
+    return {"cache": cache_rows, "structured": structured_rows(light_calls)}
 
 
 async def _cache_rows(redis_url: str, url: str, calls: int) -> list[dict[str, Any]]:
     client = AsyncToolClient(redis_url)
-    rows = []
     try:
         async with aiohttp.ClientSession() as session:
             offset = 1_000_000  # arguments no other row used: every miss row's call is a miss
@@ -76,8 +77,7 @@ async def _cache_rows(redis_url: str, url: str, calls: int) -> list[dict[str, An
                 ("gateway REST, cache miss", _rest(session, url, pipeline.CACHED_TOOL, lambda i: 2 * offset + i)),
                 ("gateway REST, cache hit", _rest(session, url, pipeline.CACHED_TOOL, lambda i: 7)),
             ]
-            for name, call in cases:
-                rows.append(await _row(name, call, calls))
+            rows = await _interleaved(cases, calls)
     finally:
         await client.aclose()
     return rows
@@ -103,22 +103,24 @@ def _rest(session: aiohttp.ClientSession, url: str, tool: str, argument: Callabl
     return call
 
 
-async def _row(case: str, call: Call, calls: int) -> dict[str, Any]:
-    await call(-1)  # connections open; the hit rows' answer stored
-    latencies = []
+async def _interleaved(cases: list[tuple[str, Call]], calls: int) -> list[dict[str, Any]]:
+    """Each case's calls, one case after the other in turn (so that the machine's drifting load weighs on
+    every case alike); a row of p50/p95 per case."""
+    latencies: dict[str, list[float]] = {name: [] for name, _ in cases}
+    for _, call in cases:
+        await call(-1)  # connections open; the hit rows' answer stored
     for i in range(calls):
-        began = time.perf_counter()
-        await call(i)
-        latencies.append(time.perf_counter() - began)
-    ordered = sorted(latencies)
-    row = {
-        "case": case,
-        "calls": calls,
-        "p50_ms": round(statistics.median(ordered) * 1000, 3),
-        "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, 3),
-    }
-    print(f"  answers: {case}: p50 {row['p50_ms']} ms", file=sys.stderr, flush=True)
-    return row
+        for name, call in cases:
+            began = time.perf_counter()
+            await call(i)
+            latencies[name].append(time.perf_counter() - began)
+    rows = []
+    for name, values in latencies.items():
+        ordered = sorted(values)
+        p50, p95 = statistics.median(ordered) * 1000, ordered[int(0.95 * (len(ordered) - 1))] * 1000
+        rows.append({"case": name, "calls": calls, "p50_ms": round(p50, 3), "p95_ms": round(p95, 3)})
+        print(f"  answers: {name}: p50 {rows[-1]['p50_ms']} ms", file=sys.stderr, flush=True)
+    return rows
 
 
 # Structured output, in process
