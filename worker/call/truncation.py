@@ -20,9 +20,13 @@ _MIN_STRING_CHARS = 16
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# One encoder for every length measured (json.dumps with options builds a new one per call).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dumps(value: Any) -> str:
     """The compact JSON text of a value (how a cut value is written in `result`)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 @dataclass
