@@ -110,7 +110,7 @@ def test_continuations_become_the_page_request() -> None:
     toolset = load_toolset([SHAPES], {"TEST_UPSTREAM_URL": "http://127.0.0.1:1"})
     users, items, issues = (toolset.tools[n] for n in ("list_users", "list_items", "list_issues"))
     api = toolset.upstreams["api"]
-    environ = {"TEST_UPSTREAM_URL": "http://127.0.0.1:1"}
+    environ = {"TEST_UPSTREAM_URL": "http://127.0.0.1:1", "TEST_SECRET_TOKEN": "s"}
     assert first_request(users, api, {"cursor": "c10"}, {}, environ).url.endswith("/users.list?limit=10&cursor=c10")
     assert first_request(items, api, {"offset": 20}, {}, environ).url.endswith("/items?offset=20&limit=10")
     assert first_request(items, api, {}, {}, environ).url.endswith("/items?offset=0&limit=10")
