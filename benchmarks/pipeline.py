@@ -35,6 +35,8 @@ from worker.envelope import ToolResult
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = "bench_get"
+# The same request, its answers cached (benchmarks/answers.py).
+CACHED_TOOL = "bench_cached"
 RAW_CONCURRENCY = 256
 CALL_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 60.0
@@ -96,7 +98,8 @@ def _wait_ready(url: str) -> None:
 
 
 def definitions(directory: Path, max_concurrency: int) -> Path:
-    """One GET tool on the upstream; max_output_chars and max_response_bytes stay at their defaults."""
+    """One GET tool on the upstream (and the same, cached); max_output_chars and max_response_bytes stay at
+    their defaults."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "bench.yaml").write_text(
         "upstreams:\n"
@@ -108,6 +111,11 @@ def definitions(directory: Path, max_concurrency: int) -> Path:
         "    upstream: bench\n"
         "    input_schema: {type: object, properties: {i: {type: integer}}}\n"
         '    request: {method: GET, path: "/items/${i}"}\n'
+        f"  - name: {CACHED_TOOL}\n"
+        "    upstream: bench\n"
+        "    input_schema: {type: object, properties: {i: {type: integer}}}\n"
+        '    request: {method: GET, path: "/items/${i}"}\n'
+        "    cache: {ttl_seconds: 3600}\n"
     )
     return directory
 

@@ -40,7 +40,19 @@ from typing import Any
 
 import redis
 
-from benchmarks import approvals, console, gateway, identity, pipeline, replicas, tenants, tracing, vault, webhooks
+from benchmarks import (
+    answers,
+    approvals,
+    console,
+    gateway,
+    identity,
+    pipeline,
+    replicas,
+    tenants,
+    tracing,
+    vault,
+    webhooks,
+)
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
 from worker.dev.embedded import EmbeddedRedis
@@ -533,6 +545,12 @@ SECTIONS = (
         gateway.print_section,
     ),
     Section(
+        "answers",
+        "answers: cache hits against misses, structured output",
+        lambda server, sizes, args: answers.run(server.url, sizes.light_calls),
+        answers.print_section,
+    ),
+    Section(
         "replicas",
         "replicas: MIN_REPLICAS 0 and 1",
         lambda server, sizes, args: replicas.run(sizes.calls, sizes.light_calls, _rounds(args)),
@@ -626,6 +644,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
     parser.add_argument("--console-only", action="store_true", help="only the console's fleet page (a minute)")
     parser.add_argument("--approvals-only", action="store_true", help="only the approval check's rows (a minute)")
+    parser.add_argument("--answers-only", action="store_true", help="only the cache and structured output rows")
     parser.add_argument(
         "--tenants-reference-tree",
         type=Path,

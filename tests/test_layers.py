@@ -56,6 +56,9 @@ ACROSS_SEAMS = {("worker.client", "worker.queue.scheduler")}
 VAULT_MODULES = ("worker.call.vault", "worker.call.connect", "worker.call.delegated")
 GATEWAY_MODULES = ("worker.gateway.delegation", "worker.gateway.connections", "worker.gateway.security")
 ACROSS_SEAMS |= {(gateway, vault) for gateway in GATEWAY_MODULES for vault in VAULT_MODULES}
+# The cache: the gateway answers a hit without the queue, so it finds an answer under the key the workers
+# store it under, computed by the one function of the call's cache.
+ACROSS_SEAMS |= {("worker.gateway.calls", "worker.call.cache")}
 # The OpenAPI reader's modules, each using only those before it.
 OPENAPI = "worker.definitions.readers.openapi"
 OPENAPI_ORDER = ["refs", "schemas", "operations", "tools", "importer", "entries"]

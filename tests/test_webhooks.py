@@ -27,8 +27,9 @@ from tests.support.webhooks import Receiver, ReceiverServer
 from worker.client import ToolClient
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis, free_port
+from worker.errors import CallbackRefused
 from worker.protocol import task_message
-from worker.queue.webhooks import DUE_KEY, RECORD_PREFIX, CallbackRefused, requeue, sign, webhook_id
+from worker.queue.webhooks import DUE_KEY, RECORD_PREFIX, requeue, sign, webhook_id
 from worker.settings import get_settings
 
 pytestmark = pytest.mark.integration

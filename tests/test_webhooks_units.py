@@ -7,10 +7,11 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from worker.http.egress import EgressPolicy
+from worker.errors import CallbackRefused
+from worker.http.egress import EgressPolicy, check_callback
 from worker.protocol import redacted_repr
 from worker.queue.dead_letter import _hidden
-from worker.queue.webhooks import CallbackRefused, Delivery, backoff_s, check_callback
+from worker.queue.webhooks import Delivery, backoff_s
 from worker.settings import Settings
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

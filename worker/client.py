@@ -44,11 +44,10 @@ from worker.constants import (
 from worker.definitions.redis_store import read_routes
 from worker.envelope import ToolResult
 from worker.errors import RedisLost, TenantQueueFull
-from worker.http.egress import EgressPolicy
+from worker.http.egress import EgressPolicy, check_callback
 from worker.loop import LoopThread
 from worker.protocol import envelope_from_meta, task_messages
 from worker.queue import scheduler
-from worker.queue.webhooks import check_callback
 from worker.redaction import mask_url
 from worker.settings import get_settings
 

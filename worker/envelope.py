@@ -15,6 +15,7 @@ _CAMEL = {
     "content_type": "contentType",
     "exit_code": "exitCode",
     "duration_ms": "durationMs",
+    "structured": "structuredContent",
 }
 _SNAKE = {camel: snake for snake, camel in _CAMEL.items()}
 _UNPAIRED_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -55,6 +56,20 @@ class ToolResult:
     truncated: bool = False
     attempts: int = 0
     duration_ms: float = 0.0
+    # The JSON body parsed (what `result` reads as, cut or not), when it arrived whole and fits the tool's
+    # output schema; MCP's structuredContent. None: not JSON, not whole, or not conforming (see `note`).
+    structured: Any = None
+    # What a cut kept, e.g. "kept 50 of 500 items at $.data" (None: nothing cut, or cut as text).
+    truncation: str | None = None
+    # Anything else the model should know about this answer (a pagination stopped early, a body that does
+    # not match the tool's output schema).
+    note: str | None = None
+    # Paginated tools: the pages read, and the argument to pass back to continue when more remain.
+    pages: int | None = None
+    next_cursor: str | None = None
+    # Answered from the cache, stored `age` seconds ago.
+    cached: bool = False
+    age: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -63,7 +78,7 @@ class ToolResult:
     def to_dict(self) -> dict[str, Any]:
         """The camelCase envelope, as published (its dicts copied; every value is plain JSON)."""
         return {
-            _CAMEL.get(name, name): dict(value) if isinstance(value, dict) else value
+            _CAMEL.get(name, name): dict(value) if isinstance(value, dict) and name != "structured" else value
             for name in _FIELDS
             for value in (getattr(self, name),)
         }
@@ -71,10 +86,10 @@ class ToolResult:
     def to_json(self) -> str:
         """The envelope as published: JSON whose every text is valid Unicode (see `valid_text`).
 
-        Raises ValueError or TypeError when a field holds something JSON cannot carry."""
-        return json.dumps(
-            {key: _valid(value) for key, value in self.to_dict().items()}, ensure_ascii=False, allow_nan=False
-        )
+        Made valid once, on the whole text: JSON written with ensure_ascii=False carries a lone surrogate as
+        it is, and what `valid_text` puts in its place (U+FFFD, or a character of U+0080-U+00FF) needs no
+        escape in JSON. Raises ValueError or TypeError when a field holds something JSON cannot carry."""
+        return valid_text(json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolResult:
@@ -89,15 +104,6 @@ class ToolResult:
             exit_code=error.exit_code,
             **details,
         )
-
-
-def _valid(value: Any) -> Any:
-    """A field's value with its texts made valid (the envelope's values are texts or flat maps of texts)."""
-    if isinstance(value, str):
-        return valid_text(value)
-    if isinstance(value, dict):
-        return {valid_text(str(key)): _valid(item) for key, item in value.items()}
-    return value
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))

@@ -11,8 +11,9 @@
     │   ├── DeadlineExceeded     75
     │   │   ├── TenantQueueFull  75  (the tenant's max_queued; also raised by the client at enqueue)
     │   │   └── ApprovalExpired  75  (nobody decided on a parked call in time; never sent)
-    │   ├── ApprovalDenied       77  (a principal with `approve` denied a parked call; never sent)
-    │   ├── EgressBlocked        77
+    │   ├── EgressBlocked        77  (not permitted)
+    │   │   ├── ApprovalDenied   77  (a principal with `approve` denied a parked call; never sent)
+    │   │   └── CallbackRefused  77  (a callback URL TOOLWORKER_CALLBACK_ALLOW does not allow)
     │   └── ToolMisconfigured    78
     └── TransportError           the request was attempted
         ├── HostNotFound         6
@@ -123,17 +124,24 @@ class ApprovalExpired(DeadlineExceeded):
     type = "approval_expired"
 
 
-class ApprovalDenied(RequestError):
-    """A call parked for a human's approval that a principal with the `approve` grant denied (EX_NOPERM,
-    as a call the egress policy refuses: a policy said no, and asking again unchanged will not help)."""
+class EgressBlocked(RequestError):
+    """Not permitted: the egress policy refused the request (EX_NOPERM), or a policy like it refused the call."""
 
     exit_code = 77
+    type = "egress_blocked"
+
+
+class ApprovalDenied(EgressBlocked):
+    """A call parked for a human's approval that a principal with the `approve` grant denied (a policy said
+    no, and asking again unchanged will not help)."""
+
     type = "approval_denied"
 
 
-class EgressBlocked(RequestError):
-    exit_code = 77
-    type = "egress_blocked"
+class CallbackRefused(EgressBlocked):
+    """A callback URL TOOLWORKER_CALLBACK_ALLOW does not allow (or callbacks are off): refused at enqueue."""
+
+    type = "callback_refused"
 
 
 class ToolMisconfigured(RequestError):

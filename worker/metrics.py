@@ -64,6 +64,12 @@ CIRCUIT = Gauge(
     ["upstream"],
     multiprocess_mode="livemax",
 )
+CACHE_HITS = Counter("toolworker_cache_hits", "Calls answered from the cache by a worker.", ["tool"])
+CACHE_MISSES = Counter("toolworker_cache_misses", "Calls of a cached tool that a worker sent upstream.", ["tool"])
+
+
+def observe_cache(tool: str, hit: bool) -> None:
+    (CACHE_HITS if hit else CACHE_MISSES).labels(tool).inc()
 
 
 def observe_call(envelope: ToolResult, upstream: str | None) -> None:

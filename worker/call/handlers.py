@@ -19,7 +19,7 @@ from worker.call.admission import Turn
 from worker.call.attempt import Attempt, breaker_for, redirect_check
 from worker.call.auth import authorize
 from worker.call.job import Answer, Job
-from worker.call.rendering import render
+from worker.call.pagination import first_request
 from worker.call.retries import Tried, send_with_retries
 from worker.call.runtime import Runtime
 from worker.call.shaping import read_limit
@@ -78,7 +78,7 @@ class DefinedTool(HttpHandler):
     """A tool rendered from its definition's templates; it reaches its own upstream only."""
 
     async def prepare(self, job: Job, runtime: Runtime, stale: str | None = None) -> tuple[PreparedRequest, str | None]:
-        request = render(job.tool, job.upstream, job.arguments, job.call.headers, runtime.environ)
+        request = first_request(job.tool, job.upstream, job.arguments, job.call.headers, runtime.environ)
         request, token = await authorize(
             request,
             job.upstream,

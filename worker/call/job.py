@@ -34,3 +34,7 @@ class Answer:
     attempts: int = 0
     # How the call failed once it was admitted (before, during or after its attempts).
     error: ToolError | None = None
+    # A paginated tool's: the pages read, the argument to continue with, why it stopped early.
+    pages: int | None = None
+    next_cursor: str | None = None
+    note: str | None = None

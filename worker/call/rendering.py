@@ -29,8 +29,11 @@ def render(
     arguments: Mapping[str, Any],
     call_headers: Mapping[str, str],
     environ: Mapping[str, str],
+    placeholders: bool = False,
 ) -> PreparedRequest:
-    ctx = _Context(arguments, environ)
+    """The request to send; with `placeholders`, each `${env:...}`/`${file:...}` is left as its name (what
+    the request is, whatever the process's settings and secrets: the cache's key, worker/call/cache.py)."""
+    ctx = _Placeholders(arguments) if placeholders else _Context(arguments, environ)
     spec = tool.request
     referenced = {name for t in spec.templates for name in t.arg_names}
     extra = {k: v for k, v in arguments.items() if k not in referenced} if spec.send_unreferenced else {}
@@ -99,6 +102,18 @@ class _Context:
         return "".join(out)
 
 
+class _Placeholders(_Context):
+    """Settings and secrets as their names: the same rendering in every process, with no value in it."""
+
+    def __init__(self, arguments: Mapping[str, Any]) -> None:
+        super().__init__(arguments, {})
+
+    def env(self, part: Env | Arg, secret: bool = True) -> str:
+        if isinstance(part, Arg):
+            raise ToolMisconfigured("This tool's base URL names an argument.")
+        return f"${{env:{part.name}}}"
+
+
 def to_text(value: Any) -> str:
     """How an argument reads inside a URL, a header or a text body."""
     if isinstance(value, str):
@@ -137,7 +152,8 @@ def _render_url(upstream: Upstream, path: Template, query: list[tuple[str, str]]
     url = base.rstrip("/") + "/" + rendered_path.lstrip("/") if rendered_path else base
     if query:
         url += ("&" if "?" in url else "?") + urlencode(query, quote_via=quote)
-    _check_url(url, base)
+    if not isinstance(ctx, _Placeholders):  # a base URL of placeholders is no URL: not sent, only named
+        _check_url(url, base)
     return url
 
 

@@ -1,7 +1,8 @@
 """One tool call, start to envelope: admit it, hand it to the handler of its tool's kind, record it.
 
-run_call ─▶ admit (deadline, tool, arguments) ─▶ handler by kind ─▶ Answer ─▶ shaping.envelope
-              defined tool / http_request: turn ─▶ prepare ─▶ attempts with retries
+run_call ─▶ admit (deadline, tool, arguments) ─▶ cache hit? ─▶ handler by kind ─▶ Answer ─▶ shaping.envelope
+              defined tool / http_request: turn ─▶ prepare ─▶ attempts with retries   (─▶ cache store)
+              a paginated tool: the handler once per page (pagination.py), the items merged
               catalog tools: answered from the definitions
 """
 
@@ -12,12 +13,12 @@ import time
 import structlog
 
 from worker import errors, metrics
-from worker.call import ratelimit, shaping
+from worker.call import cache, pagination, ratelimit, shaping
 from worker.call.admission import call_deadline, encoded_size, validate_arguments
 from worker.call.catalog_tools import CatalogTool
 from worker.call.handlers import DefinedTool, ToolHandler
 from worker.call.http_request import HttpRequestTool
-from worker.call.job import Job
+from worker.call.job import Answer, Job
 from worker.call.runtime import Runtime
 from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, TENANT_RATE_LIMIT_KEY_PREFIX
 from worker.envelope import ToolResult
@@ -41,7 +42,7 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
         structlog.contextvars.bind_contextvars(principal=call.principal)
     try:
         job = await admit(call, runtime, time.time() if received_at is None else received_at)
-        envelope = shaping.envelope(job, await HANDLERS[job.tool.kind].answer(job, runtime))
+        envelope = await _answered(job, runtime)
     except errors.ToolError as exc:
         envelope = ToolResult.failure(call.call_id, call.tool, exc)
     except Exception:
@@ -58,6 +59,31 @@ async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None =
         durationMs=envelope.duration_ms,
     )
     return envelope
+
+
+async def _answered(job: Job, runtime: Runtime) -> ToolResult:
+    """The envelope of an admitted call: from the cache when its tool is cached and the answer is there."""
+    tool = job.tool
+    cached = cache.lookup(tool, job.upstream, job.arguments, job.call.headers, runtime.redis, job.call.user)
+    if cached is not None:
+        hit = await cached.get(job.call.call_id)
+        metrics.observe_cache(tool.name, hit=hit is not None)
+        if hit is not None:
+            return hit
+    answer = await _answer(job, runtime)
+    envelope = shaping.envelope(job, answer)
+    if cached is not None:
+        await cached.put(envelope, answer.response)
+    return envelope
+
+
+async def _answer(job: Job, runtime: Runtime) -> Answer:
+    """The handler's answer; a paginated tool's, page after page."""
+    handler = HANDLERS[job.tool.kind]
+    if job.tool.pagination is None or job.tool.kind != KIND_DEFINED:
+        return await handler.answer(job, runtime)
+    budget_chars = job.tool.max_output_chars or job.upstream.max_output_chars
+    return await pagination.answer(job, lambda page: handler.answer(page, runtime), budget_chars)
 
 
 async def admit(call: ToolCall, runtime: Runtime, received_at: float) -> Job:

@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 
 from worker import errors
+from worker.call import structured, truncation
 from worker.call.job import Answer, Job
 from worker.definitions.model import Tool, Upstream
 from worker.envelope import ToolResult
@@ -18,6 +19,8 @@ from worker.redaction import redact
 
 log = structlog.get_logger("toolworker.call")
 _READ_MARGIN_BYTES = 64 * 1024
+# A JSON body is read whole up to this (or max_response_bytes) so that it can be cut as JSON, not as text.
+JSON_WHOLE_READ_BYTES = 1024 * 1024
 
 
 def envelope(job: Job, answer: Answer) -> ToolResult:
@@ -25,12 +28,16 @@ def envelope(job: Job, answer: Answer) -> ToolResult:
     request = answer.request
     described = {} if request is None else _described(request, job.upstream)
     secrets = frozenset() if request is None else request.secrets
+    outcome: dict[str, Any]
     try:
         if answer.error is not None:
             raise answer.error
         outcome = {"result": answer.text or ""} if answer.response is None else _shaped(answer.response, job, secrets)
     except errors.ToolError as exc:
         outcome = failed(exc)
+    outcome.update(pages=answer.pages, next_cursor=answer.next_cursor)
+    if answer.note is not None:
+        outcome["note"] = " ".join(filter(None, (outcome.get("note"), answer.note)))
     return ToolResult(call_id=job.call.call_id, tool=job.call.tool, attempts=answer.attempts, **described, **outcome)
 
 
@@ -54,8 +61,9 @@ def read_limit(tool: Tool, upstream: Upstream) -> int:
     if tool.transform is not None:
         return upstream.max_response_bytes
     chars = tool.max_output_chars or upstream.max_output_chars
-    # At most 4 bytes a character, and room for a secret that straddles the cut to be found and redacted.
-    return min(upstream.max_response_bytes, 4 * chars + _READ_MARGIN_BYTES)
+    # At most 4 bytes a character, and room for a secret that straddles the cut to be found and redacted;
+    # a JSON body whole, to be cut as JSON.
+    return min(upstream.max_response_bytes, max(4 * chars + _READ_MARGIN_BYTES, JSON_WHOLE_READ_BYTES))
 
 
 def _shaped(response: Response, job: Job, secrets: frozenset[str]) -> dict[str, Any]:
@@ -72,12 +80,12 @@ def _shaped(response: Response, job: Job, secrets: frozenset[str]) -> dict[str, 
         text = _transformed(tool, text)
     limit = tool.max_output_chars or upstream.max_output_chars
     text = redact(text, secrets)
-    fields: dict[str, Any] = {
-        "status_code": response.status,
-        "content_type": response.content_type,
-        "result": text[:limit],
-        "truncated": len(text) > limit or not response.complete,
-    }
+    fields: dict[str, Any] = {"status_code": response.status, "content_type": response.content_type}
+    parsed = _json_body(text, response) if ok else _NOT_JSON
+    if parsed is _NOT_JSON:
+        fields.update(result=text[:limit], truncated=len(text) > limit or not response.complete)
+    else:
+        fields.update(_json_fields(text, parsed, limit, tool))
     if not ok:
         fields["exit_code"] = 22
         # Read on every surface (an envelope's `error`, an MCP tool result's text): it names no field.
@@ -86,6 +94,38 @@ def _shaped(response: Response, job: Job, secrets: frozenset[str]) -> dict[str, 
             "type": "http_error",
             "message": f"The call failed: the upstream answered HTTP {response.status} {response.reason}{body}",
         }
+    return fields
+
+
+_NOT_JSON = object()
+
+
+def _json_body(text: str, response: Response) -> Any:
+    """The body parsed, when it is JSON that arrived whole; else _NOT_JSON (it is then cut as text)."""
+    if not response.complete or not text or text.lstrip()[:1] not in _JSON_STARTS:
+        return _NOT_JSON
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _NOT_JSON
+
+
+# What a JSON document that is worth reading as structure starts with (an object, an array, a string).
+_JSON_STARTS = frozenset('{["')
+
+
+def _json_fields(text: str, parsed: Any, limit: int, tool: Tool) -> dict[str, Any]:
+    """`result` (cut as JSON past `limit`), the parsed value, and what was cut or does not conform."""
+    fields: dict[str, Any] = {"result": text, "truncated": False}
+    if len(text) > limit:
+        cut = truncation.fit(parsed, limit)
+        parsed = cut.value
+        fields.update(result=truncation.dumps(parsed), truncated=True, truncation=cut.note)
+    mismatch = structured.mismatch(tool, parsed)
+    if mismatch is None:
+        fields["structured"] = parsed
+    else:
+        fields["note"] = f"The answer does not match this tool's output schema ({mismatch}); it is given as text."
     return fields
 
 

@@ -73,8 +73,11 @@ def summary(tool: Tool) -> dict[str, JSON]:
 
 
 def definition(tool: Tool) -> dict[str, JSON]:
-    """Everything a caller needs to call a tool, with its (built) input schema."""
-    return {**summary(tool), "description": tool.description, "inputSchema": dict(tool.input_schema)}
+    """Everything a caller needs to call a tool, with its (built) input schema, and its output schema if any."""
+    described = {**summary(tool), "description": tool.description, "inputSchema": dict(tool.input_schema)}
+    if tool.output_schema is not None:
+        described["outputSchema"] = dict(tool.output_schema)
+    return described
 
 
 def list_tools(toolset: ToolSet, tags: Iterable[str] | None = None) -> list[dict[str, JSON]]:
@@ -231,16 +234,20 @@ def to_anthropic(tools: Iterable[ToolLike]) -> list[dict[str, JSON]]:
 
 
 def to_mcp(tools: Iterable[ToolLike]) -> list[dict[str, JSON]]:
-    """MCP `tools/list` result entries."""
-    return [
-        {
-            "name": d["name"],
-            "description": d["description"],
-            "inputSchema": export_schema(d["inputSchema"], keep_examples=True),
-            "annotations": _mcp_annotations(item, d["method"]),
-        }
-        for item, d in ((item, _definition(item)) for item in tools)
-    ]
+    """MCP `tools/list` result entries (an `outputSchema` as 2026-07-28 takes it: any root)."""
+    return [_mcp_entry(item, _definition(item)) for item in tools]
+
+
+def _mcp_entry(item: ToolLike, d: Mapping[str, JSON]) -> dict[str, JSON]:
+    entry = {
+        "name": d["name"],
+        "description": d["description"],
+        "inputSchema": export_schema(d["inputSchema"], keep_examples=True),
+        "annotations": _mcp_annotations(item, d["method"]),
+    }
+    if d.get("outputSchema") is not None:
+        entry["outputSchema"] = d["outputSchema"]
+    return entry
 
 
 def _definition(item: ToolLike) -> Mapping[str, JSON]:

@@ -95,6 +95,31 @@ class Tenant:
     source: Source = Source("<builtin>")
 
 
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    """Answers kept in Redis for `ttl_s` (an upstream's shorter `Cache-Control: max-age` wins), for these methods."""
+
+    ttl_s: int
+    methods: frozenset[str] = frozenset({"GET", "HEAD"})
+
+
+PAGINATION_STYLES = ("link", "cursor", "offset")
+
+
+@dataclass(frozen=True, slots=True)
+class Pagination:
+    """How a tool's pages follow each other (worker/call/pagination.py); `param` is also the argument a model
+    passes back to continue (with the envelope's `next_cursor`)."""
+
+    style: str  # one of PAGINATION_STYLES
+    items: str = "@"  # JMESPath to a page's list
+    max_pages: int = 5
+    next: str | None = None  # cursor: JMESPath to the next cursor (or next URL) in the body
+    param: str = "cursor"
+    limit_param: str | None = None  # offset: the page size's query parameter
+    limit: int | None = None
+
+
 AUTH_TYPES = ("bearer", "basic", "api_key", "oauth2_client_credentials", "oauth2_user", "oauth2_token_exchange")
 # Auth types whose token is an end user's, kept per (user, upstream) in the vault (worker/call/vault.py).
 DELEGATED_AUTH_TYPES = frozenset({"oauth2_user", "oauth2_token_exchange"})
@@ -161,6 +186,7 @@ class Upstream:
     auth: Auth | None = None
     # The approval rule of its tools (a tool's own rule replaces it); None: calls run without one.
     approval: Approval | None = None
+    cache: CachePolicy | None = None
     source: Source = Source("<builtin>")
 
 
@@ -223,10 +249,23 @@ class Tool:
     )
     # Its own approval rule, replacing its upstream's; None: the upstream's.
     approval: Approval | None = None
+    # What a 2xx JSON answer looks like (native `output_schema:`, an OpenAPI 2xx response), or a factory.
+    output: Mapping[str, JSON] | Callable[[], Mapping[str, JSON] | None] | None = None
+    pagination: Pagination | None = None
+    # The tool's own; None: its upstream's (see `cache_policy`).
+    cache: CachePolicy | None = None
 
     @cached_property
     def input_schema(self) -> Mapping[str, JSON]:
         return self.schema() if callable(self.schema) else self.schema
+
+    @cached_property
+    def output_schema(self) -> Mapping[str, JSON] | None:
+        return self.output() if callable(self.output) else self.output
+
+    def cache_policy(self, upstream: Upstream) -> CachePolicy | None:
+        """The tool's cache, else its upstream's; None: not cached."""
+        return self.cache or upstream.cache
 
     @property
     def schema_is_lazy(self) -> bool:

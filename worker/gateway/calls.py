@@ -7,6 +7,9 @@ same callId again - after a lost response, or to another gateway process after t
 answered from the first call (its stored envelope) instead of running it twice; the same callId with
 other arguments is a conflict. A callId the gateway made up cannot come twice: it is claimed only when
 the client is given it to come back with (202, or a wait that ran out).
+
+A call of a cached tool whose answer is in the cache (worker/call/cache.py, the same key the workers
+store under) is answered here, without the queue: no claim, no message, no worker.
 """
 
 from __future__ import annotations
@@ -18,16 +21,20 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import redis.asyncio as aioredis
+from jsonschema import Draft202012Validator
 
 from worker import tracing
+from worker.call import cache
 from worker.client import AsyncToolClient
 from worker.connections import async_client
 from worker.definitions.model import Tool, needs_approval
 from worker.envelope import ToolResult
 from worker.errors import UnknownTool
+from worker.gateway import metrics
 from worker.gateway.audit import AuditTrail, Decision, Record, now_iso
 from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
@@ -80,6 +87,8 @@ class Submitted:
     principal: Principal = LOCAL
     taken_at: str = ""
     started_s: float = 0.0
+    # Answered from the cache: nothing was enqueued.
+    envelope: ToolResult | None = None
 
 
 class Calls:
@@ -125,8 +134,13 @@ class Calls:
         """Enqueue a call (or find the one its callId names); raises UnknownTool, CallIdConflict,
         FleetUnavailable, TenantQueueFull (the tenant's max_queued), CallbackRefused."""
         tool = self.resolve(spec.tool, spec.principal)
-        await self.health.admit()
         call_id = spec.call_id or str(uuid.uuid4())
+        hit = await self._cached(tool, spec, call_id)
+        if hit is not None:
+            submitted = Submitted(call_id, tool, False, spec.principal, now_iso(), time.perf_counter(), hit)
+            self._record(submitted, hit.exit_code)
+            return submitted
+        await self.health.admit()
         if spec.call_id is not None and not await self._claim(call_id, spec):
             return Submitted(call_id, tool, enqueued=False, principal=spec.principal)
         if spec.approved_by is not None:
@@ -167,6 +181,23 @@ class Calls:
         if self.audit is not None:
             self.audit.record(Decision(now_iso(), by, who.tenant, tool.name, call_id, "approve", fields["reason"]))
 
+    async def _cached(self, tool: Tool, spec: CallSpec, call_id: str) -> ToolResult | None:
+        """The call's answer from the cache, when its tool is cached and its arguments are valid."""
+        upstream = self.catalog.snapshot.upstream(tool)
+        headers = forwarded(spec.headers, upstream)
+        lookup = cache.lookup(tool, upstream, spec.arguments, headers, self._redis, spec.principal.name)
+        if lookup is None:
+            return None
+        try:
+            valid = _validator(tool).is_valid(dict(spec.arguments))
+        except RecursionError:
+            valid = False
+        if not valid:
+            return None  # the worker says what is wrong with them
+        hit = await lookup.get(call_id)
+        metrics.observe_cache(tool.name, hit=hit is not None)
+        return hit
+
     async def hold(self, submitted: Submitted, spec: CallSpec) -> None:
         """Before a client is given a callId to come back with: claim it (if the client did not name it),
         so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope). Its audit
@@ -184,6 +215,8 @@ class Calls:
 
     async def answer(self, submitted: Submitted, timeout_s: float) -> ToolResult | None:
         """The envelope of a call just submitted; one that a worker just produced shows the fleet is up."""
+        if submitted.envelope is not None:
+            return submitted.envelope
         try:
             envelope = await self.wait(submitted.call_id, timeout_s)
         except BaseException:  # the client went away (MCP cancellation): the call was taken all the same
@@ -196,7 +229,7 @@ class Calls:
 
     def _record(self, submitted: Submitted, exit_code: int | None) -> None:
         """The call's audit record, once: when its envelope comes, or when the client is told to come back."""
-        if self.audit is None or not submitted.enqueued:
+        if self.audit is None or not (submitted.enqueued or submitted.envelope is not None):
             return
         who, waited_ms = submitted.principal, round((time.perf_counter() - submitted.started_s) * 1000, 3)
         record = Record(
@@ -249,6 +282,11 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
         await catalog.close()
         await client.aclose()
         await redis.aclose()
+
+
+@lru_cache(maxsize=4096)
+def _validator(tool: Tool) -> Draft202012Validator:
+    return Draft202012Validator(tool.input_schema)
 
 
 def fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:

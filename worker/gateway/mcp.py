@@ -7,11 +7,15 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
   annotations from the HTTP method; cached by 2026 clients until the next look for a new definitions
   version. A new version reaches them on their `subscriptions/listen` stream, and legacy stdio clients
   as `notifications/tools/list_changed`.
-- `tools/call`: one queued call. The text is the envelope's `result` (on failure its error message,
-  then the body), `isError` is exitCode != 0, and `_meta["toolworker/call"]` carries callId,
-  statusCode, exitCode, truncated, attempts and durationMs (no `outputSchema`: a truncated body could
-  not conform to one). `_meta["toolworker/callId"]` on the request (or an `Idempotency-Key` header)
-  names the call, so a request sent again is answered from the same call. An unknown tool is a
+- `tools/call`: one queued call (or one answered from the cache without the queue). The text is the
+  envelope's `result` (on failure its error message, then the body), with a second text block for what
+  the model should know (what was cut, how to continue a listing, a note); `isError` is exitCode != 0;
+  `structuredContent` is the parsed JSON answer, and a tool with a response schema lists it as
+  `outputSchema` (mcp_output.py: each protocol generation's shapes, and an answer that does not conform
+  is a tool error, never a structuredContent a client would reject). `_meta["toolworker/call"]` carries
+  callId, statusCode, exitCode, truncated, attempts and durationMs (and pages, next_cursor, cached, age).
+  `_meta["toolworker/callId"]` on the request (or an `Idempotency-Key` header) names the call, so a
+  request sent again is answered from the same call. An unknown tool is a
   JSON-RPC error; arguments the tool's schema refuses are a tool error naming the field (the worker's).
 - A tool that needs approval (docs/guides/approvals.md) asks the human through the client before anything
   is enqueued (asking.py: an `input_required` result on 2026-07-28, `elicitation/create` before); accept
@@ -45,9 +49,10 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
 from worker import tracing
+from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.errors import TenantQueueFull, UnknownTool
-from worker.gateway import asking, discovery, metrics, version
+from worker.gateway import asking, discovery, mcp_output, metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
 from worker.gateway.consent import consent_first
@@ -116,11 +121,12 @@ class McpFront:
         self._remember(ctx)
         last = _decode_cursor(params.cursor)
         if self.mode == "discovery":
-            tools, next_name = discovery.META_TOOLS, None
+            tools: list[Mapping[str, Any]] = list(discovery.META_TOOLS)
+            next_name = None
         else:
             snapshot = self.calls.visible(_principal(ctx))
             names, next_name = snapshot.after(last, self.page_size)
-            tools = snapshot.mcp_tools(names)
+            tools = [mcp_output.listed(entry, ctx.protocol_version) for entry in snapshot.mcp_tools(names)]
         result: dict[str, Any] = {
             "tools": tools,
             "ttlMs": self.calls.catalog.ttl_ms,
@@ -192,7 +198,15 @@ class McpFront:
         if envelope is None:
             await self.calls.hold(submitted, spec)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
-        return tool_result(envelope, submitted.call_id, self.timeout_s)
+        entry = self._entry(ctx, submitted.tool)
+        return tool_result(envelope, submitted.call_id, self.timeout_s, submitted.tool, entry, ctx.protocol_version)
+
+    def _entry(self, ctx: Context, tool: Tool) -> Mapping[str, Any] | None:
+        """The tool's `tools/list` entry as this client was given it (its outputSchema, if any)."""
+        if self.mode == "discovery":  # called through the meta-tool, which declares no output schema
+            return None
+        entries = self.calls.visible(_principal(ctx)).mcp_tools([tool.name])
+        return mcp_output.listed(entries[0], ctx.protocol_version) if entries else None
 
     async def _approval(self, ctx: Context, name: str, arguments: dict[str, Any]) -> str | dict[str, Any] | None:
         """None when the tool needs no approval; who approved when the human accepted; else the result to
@@ -265,17 +279,50 @@ class McpFront:
         task.add_done_callback(self._background.discard)
 
 
-def tool_result(envelope: ToolResult | None, call_id: str, waited_s: float) -> dict[str, Any]:
-    """The `CallToolResult` of an envelope (or of a call still unanswered after `waited_s`)."""
+def tool_result(
+    envelope: ToolResult | None,
+    call_id: str,
+    waited_s: float,
+    tool: Tool | None = None,
+    entry: Mapping[str, Any] | None = None,
+    protocol_version: str | None = None,
+) -> dict[str, Any]:
+    """The `CallToolResult` of an envelope (or of a call still unanswered after `waited_s`), with the
+    structured content this client's revision takes when the tool's `entry` was listed to it."""
     if envelope is None:
         text = (
             f"The call {call_id} has no result after {waited_s:g} seconds; it may still finish. "
             f"Its result can be fetched later with GET /v1/calls/{call_id}."
         )
         return _text_result(text, is_error=True, meta={CALL_META_KEY: {"callId": call_id, "pending": True}})
-    return _text_result(
-        result_text(envelope), is_error=envelope.exit_code != 0, meta={CALL_META_KEY: call_meta(envelope)}
+    present, value = mcp_output.structured_content(envelope, protocol_version)
+    not_structured = envelope.exit_code == 0 and mcp_output.declares_schema(entry) and not present
+    notes = [mcp_output.NOT_STRUCTURED] if not_structured else []
+    notes += model_notes(envelope, tool)
+    result = _text_result(
+        result_text(envelope), envelope.exit_code != 0 or not_structured, {CALL_META_KEY: call_meta(envelope)}
     )
+    if notes:
+        result["content"].append({"type": "text", "text": "\n".join(notes)})
+    if present:
+        result["structuredContent"] = value
+    return result
+
+
+def model_notes(envelope: ToolResult, tool: Tool | None) -> list[str]:
+    """What the model should know besides the answer: what was cut, a note, how to continue a listing."""
+    notes = []
+    if envelope.truncation:
+        notes.append(f"The answer was cut to fit: {envelope.truncation}.")
+    if envelope.note:
+        notes.append(envelope.note)
+    if envelope.next_cursor is not None:
+        param = tool.pagination.param if tool is not None and tool.pagination is not None else "cursor"
+        notes.append(
+            f"{envelope.pages} page(s) read; more remain. To continue, call this tool again with the same "
+            f"arguments and {param}={envelope.next_cursor!r}."
+        )
+    return notes
 
 
 def result_text(envelope: ToolResult) -> str:
@@ -297,6 +344,17 @@ def call_meta(envelope: ToolResult) -> dict[str, Any]:
         "truncated": envelope.truncated,
         "attempts": envelope.attempts,
         "durationMs": envelope.duration_ms,
+        **{
+            key: value
+            for key, value in (
+                ("pages", envelope.pages),
+                ("next_cursor", envelope.next_cursor),
+                ("truncation", envelope.truncation),
+                ("cached", envelope.cached or None),
+                ("age", envelope.age),
+            )
+            if value is not None
+        },
     }
 
 

@@ -32,6 +32,18 @@ PENDING = Counter(
 WITHDRAWN = Counter(
     "toolworker_gateway_calls_withdrawn", "Calls taken off the queue before they started.", registry=REGISTRY
 )
+CACHE_HITS = Counter(
+    "toolworker_gateway_cache_hits",
+    "Calls the gateway answered from the cache, without the queue.",
+    ["tool"],
+    registry=REGISTRY,
+)
+CACHE_MISSES = Counter(
+    "toolworker_gateway_cache_misses",
+    "Calls of a cached tool the gateway sent through the queue.",
+    ["tool"],
+    registry=REGISTRY,
+)
 DURATION = Histogram(
     "toolworker_gateway_call_seconds",
     "From a call's request to its envelope, at the gateway.",
@@ -54,6 +66,10 @@ def observe(front: str, envelope: ToolResult | None, seconds: float) -> None:
 def _children(front: str, exit_code: int) -> tuple[Counter, Histogram]:
     """The labelled metrics of a front end and exit code, looked up once (labels() costs a lock and a dict)."""
     return CALLS.labels(front, str(exit_code)), DURATION.labels(front)
+
+
+def observe_cache(tool: str, hit: bool) -> None:
+    (CACHE_HITS if hit else CACHE_MISSES).labels(tool).inc()
 
 
 def exposition() -> bytes:

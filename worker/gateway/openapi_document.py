@@ -116,6 +116,19 @@ SCHEMAS: JSON = {
             "truncated": {"type": "boolean"},
             "attempts": {"type": "integer"},
             "durationMs": {"type": "number"},
+            "structuredContent": {
+                "description": "The JSON body parsed (as `result` reads, cut or not), when it arrived whole and "
+                "conforms to the tool's output schema; null otherwise (see `note`).",
+            },
+            "truncation": {"type": ["string", "null"], "description": "What a JSON-aware cut kept."},
+            "note": {"type": ["string", "null"], "description": "What else the model should know of this answer."},
+            "pages": {"type": ["integer", "null"], "description": "Pages read (paginated tools)."},
+            "next_cursor": {
+                "type": ["string", "null"],
+                "description": "More pages remain: pass this as the tool's pagination argument to continue.",
+            },
+            "cached": {"type": "boolean", "description": "Answered from the cache, without an upstream request."},
+            "age": {"type": ["integer", "null"], "description": "Seconds since a cached answer was stored."},
         },
     },
     "Pending": {

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from worker.definitions import catalog
 from worker.envelope import ToolResult
-from worker.errors import TenantQueueFull, UnknownTool
+from worker.errors import CallbackRefused, TenantQueueFull, UnknownTool
 from worker.gateway import metrics
 from worker.gateway.bodies import BadBody, json_body, parse
 from worker.gateway.calls import (
@@ -51,7 +51,6 @@ from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import access_token_of, principal_of
 from worker.protocol import MAX_CALLBACK_URL_CHARS
 from worker.queue.approvals import NotParked
-from worker.queue.webhooks import CallbackRefused
 
 Format = Literal["summary", "openai", "anthropic", "mcp"]
 EXPORTS: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
@@ -246,6 +245,8 @@ class Rest:
     async def _answer(
         self, submitted: Submitted, wait: bool, wait_s: float | None, timeout_s: float | None
     ) -> ToolResult | None:
+        if submitted.envelope is not None:  # answered from the cache: ready, whether or not asked to wait
+            return submitted.envelope
         if not wait:
             return None
         budget = wait_s if wait_s is not None else (timeout_s or self.default_timeout_s)

@@ -40,7 +40,7 @@ import aiohttp
 from aiohappyeyeballs import AddrInfoType
 from yarl import URL
 
-from worker.errors import EgressBlocked, MalformedURL
+from worker.errors import CallbackRefused, EgressBlocked, MalformedURL, ToolError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -439,3 +439,13 @@ def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(error))
         yield error
         pending.extend([error.__context__, error.__cause__, getattr(error, "os_error", None)])
+
+
+def check_callback(policy: EgressPolicy, url: str) -> None:
+    """Refuse a callback URL the callback allow-list (`policy`) does not allow (raises CallbackRefused)."""
+    if not policy.enabled:
+        raise CallbackRefused("Callbacks are off: TOOLWORKER_CALLBACK_ALLOW is empty, so no callback URL is allowed.")
+    try:
+        policy.check_url(url)
+    except ToolError as exc:
+        raise CallbackRefused(f"The callback URL is refused: {exc.message}") from None

@@ -78,6 +78,9 @@ class Response:
     complete: bool
     url: str
     retry_after: str | None = None
+    # What paginated and cached calls read of the head (RFC 8288 links, RFC 9111 directives).
+    link: str | None = None
+    cache_control: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +291,8 @@ def _response(resp: aiohttp.ClientResponse, body: bytes, complete: bool) -> Resp
         complete=complete,
         url=valid_text(str(resp.url)),
         retry_after=_header(resp, "Retry-After"),
+        link=_header(resp, "Link"),
+        cache_control=_header(resp, "Cache-Control"),
     )
 
 

@@ -25,13 +25,14 @@ from worker.definitions import file_store, redis_store
 from worker.definitions.builtin import served_toolset
 from worker.definitions.model import ToolSet
 from worker.envelope import ToolResult
-from worker.http.egress import EgressPolicy
+from worker.errors import CallbackRefused
+from worker.http.egress import EgressPolicy, check_callback
 from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall, parse_call, reply_stream
 from worker.queue.approvals import PARKED_NOW, Gate
 from worker.queue.outcome import PublishFailed
 from worker.queue.publisher import Publisher
-from worker.queue.webhooks import CallbackRefused, Deliveries, check_callback
+from worker.queue.webhooks import Deliveries
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.service")

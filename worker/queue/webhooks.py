@@ -40,7 +40,7 @@ from yarl import URL
 
 from worker import errors
 from worker.constants import DEAD_LETTER_KEY, DEAD_LETTER_MAX
-from worker.http.egress import EgressPolicy
+from worker.http.egress import EgressPolicy, check_callback
 from worker.http.transport import HttpTransport, Limits, PoolSpec, PreparedRequest
 
 log = structlog.get_logger("toolworker.webhooks")
@@ -85,20 +85,6 @@ redis.call('LPUSH', KEYS[3], ARGV[3])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[4]) - 1)
 return 1
 """
-
-
-class CallbackRefused(errors.EgressBlocked):
-    """A callback URL that TOOLWORKER_CALLBACK_ALLOW does not allow (exit 77 in an envelope)."""
-
-
-def check_callback(policy: EgressPolicy, url: str) -> None:
-    """Refuse a callback URL the callback allow-list does not allow (raises CallbackRefused)."""
-    if not policy.enabled:
-        raise CallbackRefused("Callbacks are off: TOOLWORKER_CALLBACK_ALLOW is empty, so no callback URL is allowed.")
-    try:
-        policy.check_url(url)
-    except errors.ToolError as exc:
-        raise CallbackRefused(f"The callback URL is refused: {exc.message}") from None
 
 
 def webhook_id(call_id: str) -> str:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import Field, ValidationError
 
 from worker.constants import TENANT_PATTERN
 from worker.definitions.jolt import jolt_transform
 from worker.definitions.model import (
+    JSON,
     METHODS,
+    PAGINATION_STYLES,
     TOOL_NAME_PATTERN,
     Body,
+    Pagination,
     RateLimit,
     RequestTemplate,
     Source,
@@ -25,9 +30,11 @@ from worker.definitions.readers.document import Document, StrictModel
 from worker.definitions.readers.openapi import read_entries
 from worker.definitions.readers.upstreams import (
     ApprovalSetting,
+    CacheModel,
     RateLimitModel,
     UpstreamModel,
     build_approval,
+    build_cache,
     build_upstream,
 )
 from worker.definitions.templates import Template, TemplateSyntaxError
@@ -55,6 +62,16 @@ class ResponseModel(StrictModel):
     max_output_chars: int | None = Field(None, ge=1)
 
 
+class PaginationModel(StrictModel):
+    style: Literal["link", "cursor", "offset"]
+    next: str | None = None
+    param: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    limit_param: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    limit: int | None = Field(None, ge=1)
+    items: str = "@"
+    max_pages: int = Field(5, ge=1, le=100)
+
+
 class ToolModel(StrictModel):
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     upstream: str
@@ -64,6 +81,9 @@ class ToolModel(StrictModel):
     request: RequestModel = RequestModel()
     response: ResponseModel = ResponseModel()
     approval: ApprovalSetting | None = None
+    output_schema: dict[str, Any] | None = None
+    pagination: PaginationModel | None = None
+    cache: CacheModel | None = None
 
 
 class TenantModel(StrictModel):
@@ -146,12 +166,16 @@ def build_tool(model: ToolModel, source: Source) -> Tool:
     method = request.method.upper()
     if method not in METHODS:
         raise ValueError(f"bad method {request.method!r} (one of {', '.join(sorted(METHODS))})")
+    pagination = build_pagination(model.pagination)
     return Tool(
         name=model.name,
         upstream=model.upstream,
         description=model.description,
         tags=tuple(model.tags),
-        schema=model.input_schema,
+        schema=with_continuation(model.input_schema, pagination),
+        output=checked_output_schema(model.output_schema),
+        pagination=pagination,
+        cache=build_cache(model.cache),
         request=RequestTemplate(
             method=method,
             path=Template.parse(request.path),
@@ -195,3 +219,55 @@ def build_transform(model: TransformModel | None) -> Transform | None:
     if model.jolt is not None:
         return jolt_transform(model.jolt)
     return None
+
+
+def build_pagination(model: PaginationModel | None) -> Pagination | None:
+    """A `pagination:` block with what its style needs (JMESPath expressions compiled to check them)."""
+    if model is None:
+        return None
+    assert model.style in PAGINATION_STYLES
+    if model.style == "cursor" and (model.next is None or model.param is None):
+        raise ValueError("pagination style cursor needs `next` (JMESPath) and `param`")
+    if model.style == "offset" and (model.param is None or model.limit is None):
+        raise ValueError("pagination style offset needs `param` and `limit`")
+    for expression in (model.items, model.next):
+        if expression is not None:
+            jmespath_transform(expression)  # raises TransformError on a bad expression
+    return Pagination(
+        style=model.style,
+        items=model.items,
+        max_pages=model.max_pages,
+        next=model.next,
+        param=model.param or "cursor",
+        limit_param=model.limit_param,
+        limit=model.limit,
+    )
+
+
+_CONTINUATION_HELP = {
+    "link": "To continue a listing: the `next_cursor` of the previous result (the next page's URL).",
+    "cursor": "To continue a listing: the `next_cursor` of the previous result.",
+    "offset": "To continue a listing: the `next_cursor` of the previous result (the offset to start at).",
+}
+
+
+def with_continuation(schema: dict[str, JSON], pagination: Pagination | None) -> dict[str, JSON]:
+    """The input schema, naming the argument a model passes back to continue a paginated listing."""
+    if pagination is None:
+        return schema
+    properties = dict(schema.get("properties") or {})
+    described = dict(properties.get(pagination.param) or {})
+    described.setdefault("type", "integer" if pagination.style == "offset" else "string")
+    described.setdefault("description", _CONTINUATION_HELP[pagination.style])
+    properties[pagination.param] = described
+    return {**schema, "properties": properties}
+
+
+def checked_output_schema(schema: dict[str, JSON] | None) -> dict[str, JSON] | None:
+    """An `output_schema:`, if it is a JSON Schema (draft 2020-12)."""
+    if schema is not None:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise ValueError(f"output_schema is not a valid JSON Schema: {exc.message}") from None
+    return schema

@@ -12,6 +12,7 @@ from worker.definitions.model import (
     NO_APPROVAL,
     Approval,
     Auth,
+    CachePolicy,
     CircuitPolicy,
     RateLimit,
     RetryPolicy,
@@ -62,6 +63,11 @@ def build_approval(setting: ApprovalSetting | None) -> Approval | None:
     if unknown:
         raise ValueError(f"approval: unknown method {', '.join(unknown)} (one of {', '.join(sorted(METHODS))})")
     return Approval(methods)
+
+
+class CacheModel(StrictModel):
+    ttl_seconds: int = Field(ge=1, le=7 * 86_400)
+    methods: list[str] = ["GET", "HEAD"]
 
 
 class AuthModel(StrictModel):
@@ -115,6 +121,18 @@ class UpstreamModel(StrictModel):
     rate_limit: RateLimitModel | None = None
     auth: AuthModel | None = None
     approval: ApprovalSetting | None = None
+    cache: CacheModel | None = None
+
+
+def build_cache(model: CacheModel | None) -> CachePolicy | None:
+    """A `cache:` block (on a tool or an upstream); methods are named in capitals, from the HTTP methods."""
+    if model is None:
+        return None
+    methods = frozenset(method.upper() for method in model.methods)
+    unknown = sorted(methods - METHODS)
+    if unknown or not methods:
+        raise ValueError(f"cache methods must be HTTP methods (not {', '.join(unknown) or 'none'})")
+    return CachePolicy(model.ttl_seconds, methods)
 
 
 def build_auth(name: str, model: AuthModel) -> Auth:
@@ -188,5 +206,6 @@ def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
         rate_limit=RateLimit(model.rate_limit.per_second, model.rate_limit.burst) if model.rate_limit else None,
         auth=build_auth(name, model.auth) if model.auth else None,
         approval=build_approval(model.approval),
+        cache=build_cache(model.cache),
         source=source,
     )

@@ -57,6 +57,7 @@ class Operation:
     arguments: tuple[Argument, ...]
     content_type: str = JSON_TYPE
     unusable: str | None = None  # why the operation cannot be called
+    response: Node | None = None  # the schema of its 2xx JSON response, if it has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +233,23 @@ class Spec:
             arguments=(*arguments, *body),
             content_type=content_type,
             unusable=unusable,
+            response=self._response_schema(raw.operation),
         )
+
+    def _response_schema(self, operation: Node) -> Node | None:
+        """The schema of the first 2xx response with a JSON body (Swagger: with a schema), if any."""
+        responses = operation.value.get("responses")
+        for code, raw in (
+            sorted(responses.items(), key=lambda item: str(item[0])) if isinstance(responses, dict) else []
+        ):
+            if not str(code).startswith("2"):
+                continue
+            try:
+                response = self.resolver.deref(Node(raw, operation.file))
+            except RefError:
+                return None
+            return _json_schema_of(response, self.swagger)
+        return None
 
     def _parameters(self, item: Node, operation: Node) -> list[Node]:
         """Path-level parameters overridden by the operation's own, by (name, location)."""
@@ -311,6 +328,13 @@ class Spec:
             return False  # described as unresolvable when the schema is built
         return isinstance(value, dict) and value.get("readOnly") is True
 
+    def output_schema(self, operation: Operation) -> JSONSchema | None:
+        """The schema of the operation's 2xx JSON response, `$ref`s resolved (the factory behind `Tool.output`)."""
+        if operation.response is None:
+            return None
+        schema = SchemaBuilder(self.resolver, response=True).convert(operation.response)
+        return schema if isinstance(schema, dict) and schema else None
+
     def input_schema(self, operation: Operation) -> JSONSchema:
         """The full input schema of an operation's tool (the factory behind `Tool.schema`)."""
         builder = SchemaBuilder(self.resolver)
@@ -320,6 +344,19 @@ class Spec:
         if required:
             schema["required"] = required
         return schema
+
+
+def _json_schema_of(response: Node, swagger: bool) -> Node | None:
+    value = response.value if isinstance(response.value, dict) else {}
+    if swagger:
+        return Node(value["schema"], response.file) if isinstance(value.get("schema"), dict) else None
+    content = value.get("content")
+    for media, media_object in content.items() if isinstance(content, dict) else []:
+        kind = str(media).split(";", 1)[0].strip().lower()
+        if (kind == JSON_TYPE or kind.endswith("+json")) and isinstance(media_object, dict):
+            schema = media_object.get("schema")
+            return Node(schema, response.file) if isinstance(schema, dict) else None
+    return None
 
 
 def is_spec(data: Any) -> bool:

@@ -113,8 +113,10 @@ def json_safe(value: Any) -> Any:
 class SchemaBuilder:
     """Converts one input schema's worth of OpenAPI schemas, with one budget of `$ref` expansions."""
 
-    def __init__(self, resolver: Resolver) -> None:
+    def __init__(self, resolver: Resolver, response: bool = False) -> None:
         self.resolver = resolver
+        # A response's schema keeps read-only properties and drops write-only ones (a request's: the reverse).
+        self.dropped = "writeOnly" if response else "readOnly"
         self.budget = MAX_REF_EXPANSIONS
         self.trail: list[str] = []
 
@@ -127,7 +129,7 @@ class SchemaBuilder:
             return {}
         if is_ref(value):
             return self._ref(node)
-        return _normalise(self._keywords(value, node.file), value)
+        return _normalise(self._keywords(value, node.file), value, self.dropped)
 
     def _ref(self, node: Node) -> Any:
         try:
@@ -162,7 +164,7 @@ class SchemaBuilder:
         return out
 
 
-def _normalise(out: JSONSchema, raw: Mapping[Any, Any]) -> JSONSchema:
+def _normalise(out: JSONSchema, raw: Mapping[Any, Any], dropped: str = "readOnly") -> JSONSchema:
     """Rewrite OpenAPI-only forms into JSON Schema and drop what would make the schema invalid."""
     if out.get("type") == "file":  # Swagger 2.0 uploads
         out["type"], out["format"] = "string", "binary"
@@ -172,7 +174,7 @@ def _normalise(out: JSONSchema, raw: Mapping[Any, Any]) -> JSONSchema:
     out = {key: value for key, value in out.items() if key not in _VALUE_RULES or _VALUE_RULES[key](value)}
     if raw.get("nullable") is True or raw.get("x-nullable") is True:
         _allow_null(out)
-    _drop_read_only(out)
+    _drop_flagged(out, dropped)
     if out.get("type") == "array" and "items" not in out and "prefixItems" not in out:
         out["items"] = {}  # OpenAI refuses an array schema without items
     return _merge_all_of(out)
@@ -198,12 +200,12 @@ def _allow_null(out: JSONSchema) -> None:
         out["enum"] = [*out["enum"], None]
 
 
-def _drop_read_only(out: JSONSchema) -> None:
-    """A request never carries read-only properties."""
+def _drop_flagged(out: JSONSchema, flag: str) -> None:
+    """A request never carries read-only properties (`flag`), a response write-only ones."""
     properties = out.get("properties")
     if not isinstance(properties, dict):
         return
-    dropped = {name for name, schema in properties.items() if isinstance(schema, dict) and schema.get("readOnly")}
+    dropped = {name for name, schema in properties.items() if isinstance(schema, dict) and schema.get(flag)}
     if dropped:
         out["properties"] = {k: v for k, v in properties.items() if k not in dropped}
         if "required" in out:

@@ -73,6 +73,7 @@ def build_tool(operation: Operation, upstream: str, spec: Spec) -> Tool:
         tags=operation.tags,
         source=Source(spec.doc.file),
         schema=partial(spec.input_schema, operation),
+        output=None if operation.response is None else partial(spec.output_schema, operation),
     )
 
 
@@ -86,6 +87,9 @@ def tool_definition(operation: Operation, upstream: str, spec: Spec) -> dict[str
         "input_schema": spec.input_schema(operation),
         "request": request_fields(operation),
     }
+    output = spec.output_schema(operation)
+    if output is not None:
+        definition["output_schema"] = output
     if not operation.tags:
         del definition["tags"]
     return definition
