@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     # The gateway's URL as its clients reach it (behind a load balancer: the public one); the OAuth
     # resource is this + /mcp, and the Protected Resource Metadata names it.
     gateway_public_url: str = ""
+    # MCP tasks (worker/gateway/tasks.py): how long a task is kept when its client asks no TTL (a client may
+    # ask up to result_ttl_seconds, as long as its envelope is kept), and how often clients are told to poll.
+    task_ttl_seconds: int = Field(3600, ge=1)
+    task_poll_interval_ms: int = Field(1000, ge=10, le=600_000)
     # Longest the audit stream (one entry per call the gateway takes) grows to; older entries are trimmed.
     audit_stream_maxlen: int = Field(1_000_000, ge=1)
 

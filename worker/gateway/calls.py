@@ -89,6 +89,11 @@ class Calls:
         self._claims = Claims(redis, claim_ttl_s)
         self._audit = audit
 
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The gateway's Redis client (for the rooms that keep state of their own: MCP tasks)."""
+        return self._redis
+
     def visible(self, principal: Principal) -> Snapshot:
         """The catalog as `principal` sees it: the tools its grant allows, nothing else."""
         return self.catalog.snapshot.scoped(principal.grant)

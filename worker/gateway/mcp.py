@@ -16,6 +16,8 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
 - Cancellation (the request's stream closed, or `notifications/cancelled`) takes a call that has not
   started off the queue.
 - Discovery mode (`--mode discovery`) lists four meta-tools instead of the catalog (discovery.py).
+- Tasks (tasks.py): a call whose client asks for a task (2026-07-28: the tasks extension in the request's
+  client capabilities; 2025-11-25: `params.task`) and whose tool allows it is answered with a task at once.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, che
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import LOCAL, Principal, principal_of
+from worker.gateway.tasks import McpTasks, TaskServer
 
 log = structlog.get_logger("toolworker.gateway.mcp")
 Mode = Literal["all", "discovery"]
@@ -66,8 +69,11 @@ T = TypeVar("T")
 class McpFront:
     """The handlers of the MCP server, over the gateway's calls and catalog."""
 
-    def __init__(self, calls: Calls, mode: Mode, page_size: int, timeout_s: float) -> None:
+    def __init__(
+        self, calls: Calls, mode: Mode, page_size: int, timeout_s: float, tasks: McpTasks | None = None
+    ) -> None:
         self.calls = calls
+        self.tasks = tasks
         self.mode = mode
         self.page_size = page_size
         self.timeout_s = timeout_s
@@ -78,7 +84,7 @@ class McpFront:
         calls.catalog.on_change(self._changed)
 
     def server(self) -> Server[Any]:
-        server: Server[Any] = Server(
+        server: Server[Any] = TaskServer(
             "toolworker",
             version=version(),
             instructions=INSTRUCTIONS,
@@ -90,6 +96,8 @@ class McpFront:
         # Registered by method: the handlers answer with the wire's dicts (the SDK validates them once).
         server.add_request_handler("tools/list", types.PaginatedRequestParams, self.list_tools)
         server.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)
+        if self.tasks is not None:
+            self.tasks.install(server, self.call_tool)
         return server
 
     # --- tools/list -------------------------------------------------------------------------------
@@ -149,6 +157,9 @@ class McpFront:
             call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
             trace = tracing.context_from(_meta(params))
             spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, _principal(ctx))
+            generation = self._task_generation(ctx, params, spec)
+            if generation is not None and self.tasks is not None:
+                return await self.tasks.create(spec, self.calls.resolve(name, spec.principal), generation, params)
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
@@ -167,6 +178,15 @@ class McpFront:
             await self.calls.hold(submitted, spec)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         return tool_result(envelope, submitted.call_id, self.timeout_s)
+
+    def _task_generation(self, ctx: Context, params: types.CallToolRequestParams, spec: CallSpec) -> Any:
+        """Whether the call runs as a task (tasks.py decides; raises UnknownTool for a tool not granted)."""
+        if self.tasks is None:
+            return None
+        generation = self.tasks.requested(ctx, params, self.calls.resolve(spec.tool, spec.principal))
+        if generation is not None and spec.call_id is not None:
+            raise ValueError("A task's id is made by the gateway: a task request cannot name a callId.")
+        return generation
 
     async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -57,6 +57,8 @@ class ToolModel(StrictModel):
     input_schema: dict[str, Any] = {"type": "object", "properties": {}}
     request: RequestModel = RequestModel()
     response: ResponseModel = ResponseModel()
+    # MCP tasks (model.TASK_MODES); absent: model.DEFAULT_TASK_MODE.
+    task: Literal["forbidden", "optional", "required"] | None = None
 
 
 class TenantModel(StrictModel):
@@ -156,6 +158,7 @@ def build_tool(model: ToolModel, source: Source) -> Tool:
         transform=build_transform(model.response.transform),
         max_output_chars=model.response.max_output_chars,
         source=source,
+        task=model.task,
     )
 
 
