@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run dev test test-fast lint check-deploy bench clean
+.PHONY: install run dev test test-fast lint check-deploy bench clean task-clients
 
 install: $(STAMP)
 
@@ -49,7 +49,26 @@ OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
 $(OIDC_PROVIDER):
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
 
-test: install lint check-deploy $(OIDC_PROVIDER)
+# Real MCP task clients for tests/test_mcp_tasks.py, each in a virtual environment of its own under the
+# venv (their `mcp` versions differ from ours): FastMCP 4's SEP-2663 client (4.1.2: later 4.1.x want a
+# certifi the registry lacks) and the `mcp` SDK 1.x's experimental 2025-11-25 task API (1.30, the last).
+TASK_CLIENTS := $(VENV)/task-clients
+FASTMCP_TASKS := $(TASK_CLIENTS)/fastmcp4/.installed
+MCP_V1 := $(TASK_CLIENTS)/mcp1/.installed
+
+task-clients: $(FASTMCP_TASKS) $(MCP_V1)
+
+$(FASTMCP_TASKS):
+	rm -rf $(TASK_CLIENTS)/fastmcp4 && $(PYTHON) -m venv $(TASK_CLIENTS)/fastmcp4
+	$(TASK_CLIENTS)/fastmcp4/bin/python -m pip install --quiet 'fastmcp[tasks]==4.1.2'
+	touch $@
+
+$(MCP_V1):
+	rm -rf $(TASK_CLIENTS)/mcp1 && $(PYTHON) -m venv $(TASK_CLIENTS)/mcp1
+	$(TASK_CLIENTS)/mcp1/bin/python -m pip install --quiet 'mcp==1.30.*'
+	touch $@
+
+test: install lint check-deploy $(OIDC_PROVIDER) task-clients
 	$(BIN)/pytest
 
 test-fast: install

@@ -1,0 +1,245 @@
+"""MCP tasks through real task clients: FastMCP 4's SEP-2663 client (2026-07-28 tasks extension) and the `mcp`
+SDK 1.x's experimental task API (2025-11-25), each from a side environment (`make task-clients`), against two
+gateway processes on one Redis, a real worker and a local upstream.
+
+Each client step is its own process and its own connection (tests/support/task_clients/): a task started
+through gateway A is read, awaited and cancelled by a new client on gateway B. The long call lasts
+SLOW_CALL_S = 20 s (the issue's), four times the clients' own request timeout (5 s): a client that held
+its request open for the result would have given up on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
+from tests.support.gateway_stack import OTHER_TOKEN, TOKEN, Gateway, auth, gateway_env, start_gateway, wait_listening
+from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
+from tests.support.waiting import wait_until
+from worker.dev.embedded import EmbeddedRedis
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENTS = ROOT / "tests" / "support" / "task_clients"
+SIDE_ENVS = ROOT / ".venv" / "task-clients"
+DEFINITIONS = FIXTURES / "tasks"
+HELD_QUEUE = "tasks-held"
+SLOW_CALL_S = 20
+CLIENT_TIMEOUT_S = 5
+# Long enough for a new client process to cancel it while it runs (a client starts in about 3 s here).
+RUNNING_CALL_S = 15
+TASK_ID = re.compile(r"^[0-9a-f]{32}$")
+KINDS = ("fastmcp4", "mcp1")
+
+
+@dataclass
+class TaskStack:
+    redis: EmbeddedRedis
+    upstream: UpstreamState
+    a: Gateway
+    b: Gateway
+    worker_env: dict[str, str]
+    directory: Path
+
+
+@pytest.fixture(scope="session")
+def task_clients() -> dict[str, Path]:
+    """The side environments' Pythons, built by the Makefile's `task-clients` target when missing."""
+    subprocess.run(["make", "-s", "task-clients"], cwd=ROOT, check=True, capture_output=True, timeout=900)
+    return {"fastmcp4": SIDE_ENVS / "fastmcp4" / "bin" / "python", "mcp1": SIDE_ENVS / "mcp1" / "bin" / "python"}
+
+
+@pytest.fixture(scope="module")
+def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TaskStack]:
+    """A Redis of its own, a worker on tests/fixtures/tasks, the upstream, and two gateways with two tokens."""
+    directory = tmp_path_factory.mktemp("tasks")
+    server = EmbeddedRedis(directory / "redis").start()
+    state = UpstreamState()
+    upstream = ServerThread(make_upstream(state)).start()
+    env = worker_env(server.url, upstream.url, dns_server.address, DEFINITIONS)
+    worker = start_worker(env, directory / "worker.log")
+    gateways: list[Gateway] = []
+    try:
+        genv = gateway_env(server.url, DEFINITIONS, TOOLWORKER_GATEWAY_CALL_TIMEOUT_SECONDS="120")
+        gateways = [start_gateway(genv, directory / f"gateway-{name}.log") for name in "ab"]
+        wait_listening(gateways[0], ready=True)
+        yield TaskStack(server, state, gateways[0], gateways[1], env, directory)
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        stop_worker(worker)
+        upstream.stop()
+        server.stop()
+
+
+def run_client(python: Path, kind: str, gateway: Gateway, action: str, token: str = TOKEN, **extra: Any) -> Any:
+    """One step by a new client process (its own connection); what it saw, as JSON."""
+    script = CLIENTS / ("fastmcp_tasks_client.py" if kind == "fastmcp4" else "mcp_v1_client.py")
+    command = {"url": gateway.url + "/mcp", "token": token, "action": action, "timeout": CLIENT_TIMEOUT_S, **extra}
+    done = subprocess.run(
+        [str(python), str(script), json.dumps(command)], capture_output=True, text=True, timeout=SLOW_CALL_S * 4
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def start(clients: dict[str, Path], kind: str, gateway: Gateway, tool: str, arguments: dict[str, Any]) -> Any:
+    """A task started by one client, which then disconnects; the step's output (with `handle` for the next)."""
+    seen = run_client(clients[kind], kind, gateway, "start", tool=tool, arguments=arguments)
+    assert "error" not in seen, seen
+    created = seen["created"]
+    task = created if kind == "fastmcp4" else created["task"]
+    return {**seen, "task": task, "handle": {"tool": tool, "created": created, "taskId": task["taskId"]}}
+
+
+def status_of(clients: dict[str, Path], kind: str, gateway: Gateway, handle: dict[str, Any], token: str = TOKEN) -> Any:
+    action = "status" if kind == "fastmcp4" else "get"
+    return run_client(clients[kind], kind, gateway, action, token, **handle)
+
+
+def task_fields(kind: str, seen: dict[str, Any]) -> dict[str, Any]:
+    """The task in a status step's output (FastMCP: `status`; mcp 1.x: `task`)."""
+    return dict(seen["status"] if kind == "fastmcp4" else seen["task"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_long_call_outlives_its_client(task_clients: dict[str, Path], stack: TaskStack, kind: str) -> None:
+    """A 20 s call started as a task through gateway A is fetched by a new client on gateway B after the first
+    client disconnected, and it reached the upstream once."""
+    marker = f"{kind}-{uuid.uuid4().hex[:8]}"
+    started = start(task_clients, kind, stack.a, "slow", {"delay": SLOW_CALL_S, "marker": marker})
+    task = started["task"]
+    assert TASK_ID.match(task["taskId"]) and task["status"] == "working"
+    if kind == "fastmcp4":
+        assert {"createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs"} <= set(task)
+        assert task["resultType"] == "task"
+    else:
+        assert {"createdAt", "lastUpdatedAt", "ttl", "pollInterval"} <= set(task)
+        assert started["capabilities"]["requests"]["tools"]["call"] == {}
+    meanwhile = task_fields(kind, status_of(task_clients, kind, stack.b, started["handle"]))
+    assert meanwhile["status"] == "working" and meanwhile["taskId"] == task["taskId"]
+    fetched = run_client(task_clients[kind], kind, stack.b, "result", timeout=SLOW_CALL_S * 3, **started["handle"])
+    assert "error" not in fetched, fetched
+    result = fetched["result"]
+    if kind == "fastmcp4":
+        assert result["isError"] is False and json.loads(result["texts"][0]) == {"slow": True}
+    else:
+        assert result["isError"] is False and json.loads(result["content"][0]["text"]) == {"slow": True}
+        assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
+        statuses = [n["params"] for n in fetched["notifications"] if n["method"] == "notifications/tasks/status"]
+        assert statuses and statuses[-1]["status"] == "completed" and statuses[-1]["taskId"] == task["taskId"]
+    ended = task_fields(kind, status_of(task_clients, kind, stack.a, started["handle"]))
+    assert ended["status"] == "completed"
+    assert stack.upstream.hits_to(f"/slow?delay={SLOW_CALL_S}&marker={marker}") == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failed_call_is_a_completed_task(task_clients: dict[str, Path], stack: TaskStack, kind: str) -> None:
+    """A call the upstream answers 500 is a completed task whose tool result has isError (not a failed task)."""
+    started = start(task_clients, kind, stack.a, "status", {"code": 500})
+    fetched = run_client(task_clients[kind], kind, stack.b, "result", timeout=60, **started["handle"])
+    result = fetched["result"]
+    texts = result["texts"] if kind == "fastmcp4" else [block["text"] for block in result["content"]]
+    assert result["isError"] is True and "upstream says 500" in texts[0]
+    ended = task_fields(kind, status_of(task_clients, kind, stack.b, started["handle"]))
+    assert ended["status"] == "completed" and "exit code" in ended["statusMessage"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_another_principal_cannot_see_the_task(task_clients: dict[str, Path], stack: TaskStack, kind: str) -> None:
+    """A task is not found by another principal (nor cancelled by it), while its creator reads it."""
+    item = f"other-{kind}-{uuid.uuid4().hex[:8]}"
+    started = start(task_clients, kind, stack.a, "held_echo", {"item": item})
+    foreign = status_of(task_clients, kind, stack.b, started["handle"], token=OTHER_TOKEN)
+    assert foreign["error"]["code"] == -32602 and "not found" in foreign["error"]["message"], foreign
+    cancelled = run_client(task_clients[kind], kind, stack.b, "cancel", OTHER_TOKEN, **started["handle"])
+    assert "not found" in cancelled["error"]["message"], cancelled
+    mine = task_fields(kind, status_of(task_clients, kind, stack.b, started["handle"]))
+    assert mine["status"] == "working"
+    unknown = {**started["handle"], "taskId": "0" * 32}
+    unknown["created"] = {**started["handle"]["created"]}
+    if kind == "fastmcp4":
+        unknown["created"]["taskId"] = "0" * 32
+    missing = status_of(task_clients, kind, stack.b, unknown)
+    assert missing["error"]["message"] == foreign["error"]["message"].replace(started["handle"]["taskId"], "0" * 32)
+
+
+def test_cancel_before_start_is_never_sent(task_clients: dict[str, Path], stack: TaskStack) -> None:
+    """A task cancelled (through gateway B) before a worker took its call is cancelled, and its call never
+    reaches the upstream once a worker for its queue starts; a call queued beside it does."""
+    items = {kind: f"cancel-{kind}-{uuid.uuid4().hex[:8]}" for kind in KINDS}
+    seen = {}
+    for kind in KINDS:
+        started = start(task_clients, kind, stack.a, "held_echo", {"item": items[kind]})
+        seen[kind] = run_client(task_clients[kind], kind, stack.b, "cancel", **started["handle"])
+    fastmcp, mcp1 = seen["fastmcp4"], seen["mcp1"]
+    assert fastmcp["cancelled"] is True and fastmcp["status"]["status"] == "cancelled", fastmcp
+    assert "never sent" in fastmcp["status"]["statusMessage"]
+    assert mcp1["task"]["status"] == "cancelled" and "never sent" in mcp1["task"]["statusMessage"], mcp1
+    control = f"control-{uuid.uuid4().hex[:8]}"
+    queued = httpx2.post(
+        f"{stack.a.url}/v1/calls",
+        json={"tool": "held_echo", "arguments": {"item": control}, "wait": False},
+        headers=auth(),
+        timeout=30,
+    )
+    assert queued.status_code == 202, queued.text
+    held_worker = start_worker(stack.worker_env, stack.directory / "held-worker.log", "-Q", HELD_QUEUE)
+    try:
+        wait_until(lambda: stack.upstream.hits_to(f"/echo/held/{control}") == 1, timeout_s=60)
+    finally:
+        stop_worker(held_worker)
+    for item in items.values():
+        assert stack.upstream.hits_to(f"/echo/held/{item}") == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cancel_while_running_is_reported_honestly(task_clients: dict[str, Path], stack: TaskStack, kind: str) -> None:
+    """Cancelling a call already running upstream says it could not be stopped: 2026-07-28 keeps the task working
+    until it completes; 2025-11-25 marks it cancelled and says the call ran on."""
+    marker = f"running-{kind}-{uuid.uuid4().hex[:8]}"
+    started = start(task_clients, kind, stack.a, "slow", {"delay": RUNNING_CALL_S, "marker": marker})
+    wait_until(lambda: stack.upstream.hits_to(f"/slow?delay={RUNNING_CALL_S}&marker={marker}") == 1, timeout_s=30)
+    cancelled = run_client(task_clients[kind], kind, stack.b, "cancel", **started["handle"])
+    if kind == "fastmcp4":
+        assert cancelled["status"]["status"] == "working", cancelled
+        assert "cannot be stopped" in cancelled["status"]["statusMessage"]
+        fetched = run_client(task_clients[kind], kind, stack.b, "result", timeout=60, **started["handle"])
+        assert fetched["result"]["isError"] is False
+    else:
+        assert cancelled["task"]["status"] == "cancelled", cancelled
+        assert "could not be stopped" in cancelled["task"]["statusMessage"]
+
+
+def test_tools_declare_their_task_support(task_clients: dict[str, Path], stack: TaskStack) -> None:
+    """tools/list gives each tool's execution.taskSupport: a tool's own `task:`, else optional."""
+    listed = run_client(task_clients["mcp1"], "mcp1", stack.a, "tools")
+    support = {name: execution["taskSupport"] for name, execution in listed["tools"].items()}
+    assert support.pop("catalog_search") == "optional"
+    assert {name: support[name] for name in ("slow", "status", "held_echo", "only_task", "never_task")} == {
+        "slow": "optional",
+        "status": "optional",
+        "held_echo": "optional",
+        "only_task": "required",
+        "never_task": "forbidden",
+    }
+
+
+def test_tasks_list_pages_a_principals_tasks(task_clients: dict[str, Path], stack: TaskStack) -> None:
+    """tasks/list (2025-11-25) lists the tasks its principal created, and none of another's."""
+    mine = start(task_clients, "mcp1", stack.a, "status", {"code": 200})
+    theirs = run_client(task_clients["mcp1"], "mcp1", stack.a, "start", OTHER_TOKEN, tool="status", arguments={"code": 201})
+    listed = run_client(task_clients["mcp1"], "mcp1", stack.b, "list")
+    ids = [task["taskId"] for task in listed["tasks"]["tasks"]]
+    assert mine["handle"]["taskId"] in ids and theirs["created"]["task"]["taskId"] not in ids
