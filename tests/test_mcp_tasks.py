@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx2
 import pytest
+import redis
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import OTHER_TOKEN, TOKEN, Gateway, auth, gateway_env, start_gateway, wait_listening
@@ -239,7 +240,98 @@ def test_tools_declare_their_task_support(task_clients: dict[str, Path], stack: 
 def test_tasks_list_pages_a_principals_tasks(task_clients: dict[str, Path], stack: TaskStack) -> None:
     """tasks/list (2025-11-25) lists the tasks its principal created, and none of another's."""
     mine = start(task_clients, "mcp1", stack.a, "status", {"code": 200})
-    theirs = run_client(task_clients["mcp1"], "mcp1", stack.a, "start", OTHER_TOKEN, tool="status", arguments={"code": 201})
+    theirs = run_client(
+        task_clients["mcp1"], "mcp1", stack.a, "start", OTHER_TOKEN, tool="status", arguments={"code": 201}
+    )
     listed = run_client(task_clients["mcp1"], "mcp1", stack.b, "list")
     ids = [task["taskId"] for task in listed["tasks"]["tasks"]]
     assert mine["handle"]["taskId"] in ids and theirs["created"]["task"]["taskId"] not in ids
+
+
+# --- the protocol's edges, in raw JSON-RPC (2026-07-28: every request carries its envelope in `_meta`) ----------
+
+MODERN = "2026-07-28"
+OPTED_IN = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+
+
+def modern(
+    gateway: Gateway, method: str, params: dict[str, Any], capabilities: dict[str, Any] | None = None, **headers: str
+) -> dict[str, Any]:
+    """One 2026-07-28 request, as JSON; the answer's JSON-RPC body (an error comes with HTTP 400)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": capabilities or {},
+    }
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
+    sent = {
+        **auth(),
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": method,
+        **{name.replace("_", "-"): value for name, value in headers.items()},
+    }
+    if method == "tools/call":
+        sent["Mcp-Name"] = params["name"]
+    answer = httpx2.post(gateway.url + "/mcp", json=body, headers=sent, timeout=30)
+    body = answer.json()
+    assert answer.status_code == (400 if "error" in body else 200), answer.text
+    return dict(body)
+
+
+def test_discover_advertises_the_tasks_extension(stack: TaskStack) -> None:
+    """server/discover lists io.modelcontextprotocol/tasks among the server's extensions."""
+    found = modern(stack.a, "server/discover", {})
+    assert "io.modelcontextprotocol/tasks" in found["result"]["capabilities"]["extensions"]
+
+
+def test_task_modes_are_enforced(stack: TaskStack) -> None:
+    """A `task: required` tool refuses a call that did not opt in (-32021, naming the extension); a `forbidden`
+    one answers an opted-in call at once; an optional one answers a call that did not opt in at once."""
+    refused = modern(stack.a, "tools/call", {"name": "only_task", "arguments": {"item": "x"}})
+    assert refused["error"]["code"] == -32021
+    assert "io.modelcontextprotocol/tasks" in refused["error"]["data"]["requiredCapabilities"]["extensions"]
+    tasked = modern(stack.a, "tools/call", {"name": "only_task", "arguments": {"item": "x"}}, OPTED_IN)
+    assert tasked["result"]["resultType"] == "task" and tasked["result"]["status"] == "working"
+    direct = modern(stack.a, "tools/call", {"name": "never_task", "arguments": {"item": "y"}}, OPTED_IN)
+    assert direct["result"]["resultType"] == "complete" and direct["result"]["isError"] is False
+    plain = modern(stack.a, "tools/call", {"name": "status", "arguments": {"code": 200}})
+    assert plain["result"]["resultType"] == "complete"
+
+
+def test_mcp_name_must_name_the_task(stack: TaskStack) -> None:
+    """A tasks/get whose Mcp-Name header names another task is refused (-32020); the right one is served."""
+    created = modern(stack.a, "tools/call", {"name": "status", "arguments": {"code": 200}}, OPTED_IN)["result"]
+    wrong = modern(stack.b, "tasks/get", {"taskId": created["taskId"]}, Mcp_Name="0" * 32)
+    assert wrong["error"]["code"] == -32020
+    right = modern(stack.b, "tasks/get", {"taskId": created["taskId"]}, Mcp_Name=created["taskId"])
+    assert right["result"]["taskId"] == created["taskId"]
+
+
+def test_input_requests_are_answered_with_tasks_update(stack: TaskStack) -> None:
+    """A task in input_required shows its inputRequests inline in tasks/get; tasks/update stores the answers and
+    puts it back to working; tasks/update on a working task is refused."""
+    created = modern(stack.a, "tools/call", {"name": "held_echo", "arguments": {"item": "ask"}}, OPTED_IN)["result"]
+    task_id = created["taskId"]
+    refused = modern(stack.b, "tasks/update", {"taskId": task_id, "inputResponses": {"approval": {}}})
+    assert refused["error"]["code"] == -32602
+    client = redis.Redis.from_url(stack.redis.url)
+    key = f"toolworker:gateway:task:{task_id}"
+    record = json.loads(client.get(key))
+    asked = {"approval": {"method": "elicitation/create", "params": {"message": "Send it?", "requestedSchema": {}}}}
+    client.set(key, json.dumps({**record, "status": "input_required", "input_requests": asked}), keepttl=True)
+    waiting = modern(stack.b, "tasks/get", {"taskId": task_id})["result"]
+    assert waiting["status"] == "input_required" and waiting["inputRequests"] == asked
+    answer = {"approval": {"action": "accept", "content": {}}}
+    assert modern(stack.a, "tasks/update", {"taskId": task_id, "inputResponses": answer})["result"] == {
+        "resultType": "complete",
+        "_meta": waiting["_meta"],
+    }
+    assert modern(stack.b, "tasks/get", {"taskId": task_id})["result"]["status"] == "working"
+    assert json.loads(client.get(key))["input_responses"] == answer
+
+
+def test_a_forbidden_tool_refuses_a_task_augmented_call(task_clients: dict[str, Path], stack: TaskStack) -> None:
+    """2025-11-25: `params.task` on a `task: forbidden` tool is refused (-32601), and nothing is enqueued."""
+    refused = run_client(task_clients["mcp1"], "mcp1", stack.a, "start", tool="never_task", arguments={"item": "no"})
+    assert refused["error"]["code"] == -32601 and "does not run as a task" in refused["error"]["message"]
+    assert stack.upstream.hits_to("/echo/never/no") == 0

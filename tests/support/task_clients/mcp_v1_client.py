@@ -64,15 +64,17 @@ async def main(command: dict[str, Any]) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {command['token']}"}
     read_timeout = timedelta(seconds=command.get("timeout", 5))
     try:
-        async with streamablehttp_client(command["url"], headers=headers) as (read, write, _):
-            async with ClientSession(read, write, read_timeout, message_handler=on_message) as session:
-                initialized = await session.initialize()
-                tasks_capability = initialized.capabilities.tasks
-                out["capabilities"] = dump(tasks_capability) if tasks_capability is not None else None
-                try:
-                    out.update(await step(session, command))
-                except McpError as exc:
-                    out["error"] = {"type": "McpError", "message": exc.error.message, "code": exc.error.code}
+        async with (
+            streamablehttp_client(command["url"], headers=headers) as (read, write, _),
+            ClientSession(read, write, read_timeout, message_handler=on_message) as session,
+        ):
+            initialized = await session.initialize()
+            tasks_capability = initialized.capabilities.tasks
+            out["capabilities"] = dump(tasks_capability) if tasks_capability is not None else None
+            try:
+                out.update(await step(session, command))
+            except McpError as exc:
+                out["error"] = {"type": "McpError", "message": exc.error.message, "code": exc.error.code}
     except Exception as exc:  # the test asserts on what the client saw, errors included
         out["error"] = {"type": type(exc).__name__, "message": repr(exc), "code": None}
     out["notifications"] = notifications
