@@ -254,10 +254,10 @@ MODERN = "2026-07-28"
 OPTED_IN = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
 
 
-def modern(
-    gateway: Gateway, method: str, params: dict[str, Any], capabilities: dict[str, Any] | None = None, **headers: str
-) -> dict[str, Any]:
-    """One 2026-07-28 request, as JSON; the answer's JSON-RPC body (an error comes with HTTP 400)."""
+def modern_request(
+    method: str, params: dict[str, Any], capabilities: dict[str, Any] | None = None, **headers: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A 2026-07-28 request's body and headers (`Mcp_Name=` for the Mcp-Name header)."""
     meta = {
         "io.modelcontextprotocol/protocolVersion": MODERN,
         "io.modelcontextprotocol/clientCapabilities": capabilities or {},
@@ -272,10 +272,30 @@ def modern(
     }
     if method == "tools/call":
         sent["Mcp-Name"] = params["name"]
+    return body, sent
+
+
+def modern(
+    gateway: Gateway, method: str, params: dict[str, Any], capabilities: dict[str, Any] | None = None, **headers: str
+) -> dict[str, Any]:
+    """One 2026-07-28 request, as JSON; the answer's JSON-RPC body (an error comes with HTTP 400)."""
+    body, sent = modern_request(method, params, capabilities, **headers)
     answer = httpx2.post(gateway.url + "/mcp", json=body, headers=sent, timeout=30)
-    body = answer.json()
-    assert answer.status_code == (400 if "error" in body else 200), answer.text
-    return dict(body)
+    found = answer.json()
+    assert answer.status_code == (400 if "error" in found else 200), answer.text
+    return dict(found)
+
+
+def listen(gateway: Gateway, notifications: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every frame of a `subscriptions/listen` stream, to its end."""
+    body, sent = modern_request("subscriptions/listen", {"notifications": notifications})
+    frames = []
+    with httpx2.stream("POST", gateway.url + "/mcp", json=body, headers=sent, timeout=60) as stream:
+        assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        for line in stream.iter_lines():
+            if line.startswith("data:") and line[5:].strip():
+                frames.append(json.loads(line[5:]))
+    return frames
 
 
 def test_discover_advertises_the_tasks_extension(stack: TaskStack) -> None:
@@ -335,3 +355,33 @@ def test_a_forbidden_tool_refuses_a_task_augmented_call(task_clients: dict[str, 
     refused = run_client(task_clients["mcp1"], "mcp1", stack.a, "start", tool="never_task", arguments={"item": "no"})
     assert refused["error"]["code"] == -32601 and "does not run as a task" in refused["error"]["message"]
     assert stack.upstream.hits_to("/echo/never/no") == 0
+
+
+def test_listen_pushes_the_changes_of_a_task(stack: TaskStack) -> None:
+    """A subscriptions/listen naming a task (on another gateway) is told of it as it changes, from working to
+    completed with its result inline, then ends; a task id it may not read is never told of."""
+    marker = f"listen-{uuid.uuid4().hex[:8]}"
+    arguments = {"delay": 2, "marker": marker}
+    created = modern(stack.a, "tools/call", {"name": "slow", "arguments": arguments}, OPTED_IN)["result"]
+    frames = listen(stack.b, {"taskIds": [created["taskId"], "0" * 32]})
+    acknowledged = frames[0]
+    assert acknowledged["method"] == "notifications/subscriptions/acknowledged"
+    assert acknowledged["params"]["notifications"]["taskIds"] == [created["taskId"], "0" * 32]
+    told = [frame["params"] for frame in frames if frame.get("method") == "notifications/tasks"]
+    assert {task["taskId"] for task in told} == {created["taskId"]}
+    assert told[0]["status"] == "working" and told[-1]["status"] == "completed"
+    assert json.loads(told[-1]["result"]["content"][0]["text"]) == {"slow": True}
+    assert frames[-1]["id"] == 1 and "result" in frames[-1]
+
+
+def test_a_task_expires_after_its_ttl(task_clients: dict[str, Path], stack: TaskStack) -> None:
+    """A task asked with a short TTL (2025-11-25 `params.task.ttl`) is kept that long, then not found."""
+    seen = run_client(
+        task_clients["mcp1"], "mcp1", stack.a, "start", tool="held_echo", arguments={"item": "ttl"}, ttl=1500
+    )
+    task = seen["created"]["task"]
+    assert task["ttl"] == 1500
+    client = redis.Redis.from_url(stack.redis.url)
+    wait_until(lambda: not client.exists(f"toolworker:gateway:task:{task['taskId']}"), timeout_s=30)
+    gone = run_client(task_clients["mcp1"], "mcp1", stack.b, "get", taskId=task["taskId"])
+    assert gone["error"]["code"] == -32602 and "not found" in gone["error"]["message"]

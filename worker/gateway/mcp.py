@@ -34,7 +34,7 @@ import structlog
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
@@ -47,7 +47,7 @@ from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, che
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import LOCAL, Principal, principal_of
-from worker.gateway.tasks import McpTasks, TaskServer
+from worker.gateway.tasks import McpTasks, TaskListen, TaskServer
 
 log = structlog.get_logger("toolworker.gateway.mcp")
 Mode = Literal["all", "discovery"]
@@ -89,7 +89,7 @@ class McpFront:
             version=version(),
             instructions=INSTRUCTIONS,
             get_tool_input_schema=self._input_schema,
-            on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscriptions_listen=TaskListen(self.bus, self.tasks),
         )
         if not tracing.enabled():  # the SDK's span of each request, a no-op that only costs time when not tracing
             server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)

@@ -12,6 +12,8 @@ it ended. Another principal's task is "not found", like one that never existed o
 - 2025-11-25 (SEP-1686): the `tasks` capability, `execution.taskSupport` per tool (catalog.py),
   `tools/call` with `params.task` → `CreateTaskResult`, `tasks/get`, `tasks/result` (blocks until the
   task ends, and sends `notifications/tasks/status` on its stream first), `tasks/list`, `tasks/cancel`.
+- Push (2026-07-28): a `subscriptions/listen` whose filter names `taskIds` gets `notifications/tasks` (the
+  task as `tasks/get` gives it) on each change of those tasks, read from Redis every poll interval.
   The SDK serves that revision without tasks: a server middleware answers the task-augmented
   `tools/call` (whose result is not a `CallToolResult`), and the `tasks/*` methods are registered as the
   server's own.
@@ -36,7 +38,9 @@ import mcp_types as types
 import structlog
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.lowlevel.server import Server
+from mcp.server.subscriptions import ListenHandler, SubscriptionBus
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY, ServerEvent, event_matches, event_to_notification
 from mcp_types import methods as wire_methods
 from mcp_types.jsonrpc import HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -63,6 +67,9 @@ MCP_NAME_HEADER = "mcp-name"
 # tasks/result waits for the envelope in slices, looking again at the record (a cancel) between them.
 RESULT_SLICE_S = 2.0
 LIST_PAGE_SIZE = 50
+# A listen stream's bound on list-changed events waiting to be sent, and on the tasks it watches.
+LISTEN_BACKLOG = 1024
+MAX_LISTENED_TASKS = 100
 Generation = Literal["2026", "2025"]
 Status = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
@@ -155,7 +162,7 @@ class McpTasks:
         server.add_request_handler("tasks/update", UpdateParams, self.update)
         server.add_request_handler("tasks/cancel", TaskIdParams, self.cancel)
         server.add_request_handler("tasks/result", TaskIdParams, self.result)
-        server.add_request_handler("tasks/list", ListParams, self.list)
+        server.add_request_handler("tasks/list", ListParams, self.list_tasks)
 
     @classmethod
     def of(cls, calls: Calls, settings: Settings) -> McpTasks:
@@ -232,14 +239,7 @@ class McpTasks:
         view = await self._view(ctx, params.task_id)
         if _generation(ctx) == "2025":
             return _task_2025(view)
-        answer = _task_2026(view)
-        if view.status == "completed" and view.envelope is not None:
-            answer["result"] = _tool_result(view.envelope, view.record.task_id, "2026")
-        elif view.status == "input_required":
-            answer["inputRequests"] = view.record.input_requests or {}
-        elif view.status == "failed":
-            answer["error"] = {"code": types.INTERNAL_ERROR, "message": view.record.status_message or "failed"}
-        return {**answer, "resultType": "complete"}
+        return {**_detailed(view), "resultType": "complete"}
 
     async def result(self, ctx: Context, params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: the call's tool result, once the task has ended (it waits)."""
@@ -252,7 +252,7 @@ class McpTasks:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Task {params.task_id} was cancelled: it has no result.")
         return _tool_result(view.envelope, view.record.task_id, "2025")
 
-    async def list(self, ctx: Context, params: ListParams) -> dict[str, Any]:
+    async def list_tasks(self, ctx: Context, params: ListParams) -> dict[str, Any]:
         after = _decode_cursor(params.cursor)
         records, more = await self.store.page(_principal(ctx).name, after, LIST_PAGE_SIZE)
         views = await asyncio.gather(*(self._envelope_view(record) for record in records))
@@ -297,6 +297,67 @@ class McpTasks:
             return TaskView(await self.store.update(record, status="cancelled", status_message=RUNNING_2025), None)
         return TaskView(await self.store.update(record, status_message=RUNNING_2026), None)
 
+    # --- notifications/tasks on subscriptions/listen (2026-07-28) ------------------------------------
+
+    async def listen(
+        self, ctx: Context, requested: types.SubscriptionFilter, task_ids: list[str], bus: SubscriptionBus
+    ) -> types.SubscriptionsListenResult:
+        """A listen stream whose filter names `taskIds`: `notifications/tasks` (the task as `tasks/get` gives it)
+        whenever one of them changes, beside the list-changed events the filter also asks for. It ends once
+        every named task has ended, unless it listens for those too. Another principal's task is never told of.
+        """
+        meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+        honored = types.SubscriptionFilter.model_validate(
+            {**requested.model_dump(by_alias=True, exclude_none=True), "taskIds": task_ids}
+        )
+        events: asyncio.Queue[ServerEvent] = asyncio.Queue(maxsize=LISTEN_BACKLOG)
+        uris = frozenset(honored.resource_subscriptions or ())
+
+        def deliver(event: ServerEvent) -> None:
+            if event_matches(honored, uris, event) and not events.full():
+                events.put_nowait(event)
+
+        unsubscribe = bus.subscribe(deliver)
+        try:
+            acknowledged = types.SubscriptionsAcknowledgedNotificationParams(notifications=honored, _meta=meta)
+            await _send(ctx, types.SubscriptionsAcknowledgedNotification(params=acknowledged))
+            keep_open = any(
+                (requested.tools_list_changed, requested.prompts_list_changed, requested.resources_list_changed, uris)
+            )
+            await self._watch(ctx, task_ids, events, meta, keep_open)
+        finally:
+            unsubscribe()
+        return types.SubscriptionsListenResult(_meta=meta)
+
+    async def _watch(
+        self,
+        ctx: Context,
+        task_ids: list[str],
+        events: asyncio.Queue[ServerEvent],
+        meta: dict[str, Any],
+        keep_open: bool,
+    ) -> None:
+        principal, told = _principal(ctx).name, dict[str, Any]()
+        watched: list[str] = list(dict.fromkeys(task_ids))
+        while watched or keep_open:
+            for task_id in list(watched):
+                record = await self.store.get(task_id, principal)
+                view = None if record is None else await self._envelope_view(record)
+                if view is None or view.terminal:
+                    watched.remove(task_id)
+                if view is None:
+                    continue
+                detailed = _detailed(view)
+                now = {key: value for key, value in detailed.items() if key != "lastUpdatedAt"}
+                if told.get(task_id) != now:
+                    told[task_id] = now
+                    await _send(ctx, _Notification(method="notifications/tasks", params={**detailed, "_meta": meta}))
+            try:
+                event = await asyncio.wait_for(events.get(), self.poll_ms / 1000)
+            except TimeoutError:
+                continue
+            await _send(ctx, event_to_notification(event, meta))
+
     # --- reading ------------------------------------------------------------------------------------
 
     async def _view(self, ctx: Context, task_id: str) -> TaskView:
@@ -330,6 +391,18 @@ class McpTasks:
         if "task" in answer:
             return answer
         return wire_methods.serialize_server_result("tools/call", ctx.protocol_version, answer)
+
+
+def _detailed(view: TaskView) -> dict[str, Any]:
+    """A 2026-07-28 task with its outcome inline: the tool result, the input requests, or the error."""
+    answer = _task_2026(view)
+    if view.status == "completed" and view.envelope is not None:
+        answer["result"] = _tool_result(view.envelope, view.record.task_id, "2026")
+    elif view.status == "input_required":
+        answer["inputRequests"] = view.record.input_requests or {}
+    elif view.status == "failed":
+        answer["error"] = {"code": types.INTERNAL_ERROR, "message": view.record.status_message or "failed"}
+    return answer
 
 
 def _task_2026(view: TaskView) -> dict[str, Any]:
@@ -380,11 +453,33 @@ def _tool_result(envelope: ToolResult, task_id: str, generation: Generation) -> 
 async def _tell_status(ctx: Context, view: TaskView) -> None:
     """`notifications/tasks/status` on the `tasks/result` request's own stream (where one is open)."""
     params = {**_task_2025(view), "_meta": {RELATED_TASK_META_KEY: {"taskId": view.record.task_id}}}
-    notification = _Notification(method="notifications/tasks/status", params=params)
     try:
-        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)  # type: ignore[arg-type]
+        await _send(ctx, _Notification(method="notifications/tasks/status", params=params))
     except Exception as exc:  # a client that cannot take it still gets the result
         log.info("gateway.task_status_not_sent", taskId=view.record.task_id, error=str(exc))
+
+
+async def _send(ctx: Context, notification: BaseModel) -> None:
+    """A notification on the request's own stream (the SDK types only the core vocabulary; it sends any model)."""
+    await ctx.session.send_notification(notification, related_request_id=ctx.request_id)  # type: ignore[arg-type]
+
+
+class TaskListen:
+    """`subscriptions/listen`: the SDK's handler, unless the filter names `taskIds` (the tasks extension's key,
+    which the SDK's handler does not know): then McpTasks.listen."""
+
+    def __init__(self, bus: SubscriptionBus, tasks: McpTasks | None) -> None:
+        self._bus = bus
+        self._sdk = ListenHandler(bus)
+        self._tasks = tasks
+
+    async def __call__(self, ctx: Context, params: types.SubscriptionsListenRequestParams) -> Any:
+        task_ids = (params.notifications.model_extra or {}).get("taskIds")
+        if self._tasks is None or not task_ids:
+            return await self._sdk(ctx, params)
+        if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
+            raise MCPError(code=types.INVALID_PARAMS, message="taskIds must be a list of task ids")
+        return await self._tasks.listen(ctx, params.notifications, task_ids[:MAX_LISTENED_TASKS], self._bus)
 
 
 class _Notification(BaseModel):

@@ -1,7 +1,7 @@
 """One step of a task through the `mcp` SDK 1.x's experimental task API (2025-11-25, SEP-1686).
 
 Run by the side environment's Python (`make task-clients`), never imported by the tests: the command is
-JSON in argv[1] (`url`, `token`, `action`, `tool`, `arguments`, `taskId`), the outcome is JSON on stdout
+JSON in argv[1] (`url`, `token`, `action`, `tool`, `arguments`, `ttl`, `taskId`), the outcome is JSON on stdout
 (with the server's `tasks` capability and the notifications the client received). One client, one
 connection per run.
 
@@ -31,7 +31,8 @@ def dump(model: Any) -> dict[str, Any]:
 async def step(session: ClientSession, command: dict[str, Any]) -> dict[str, Any]:
     tasks, action = session.experimental, command["action"]
     if action == "start":
-        created = await tasks.call_tool_as_task(command["tool"], command.get("arguments") or {}, ttl=600_000)
+        ttl = command.get("ttl", 600_000)
+        created = await tasks.call_tool_as_task(command["tool"], command.get("arguments") or {}, ttl=ttl)
         return {"created": dump(created)}
     if action == "get":
         return {"task": dump(await tasks.get_task(command["taskId"]))}
