@@ -92,7 +92,10 @@ def run_client(python: Path, kind: str, gateway: Gateway, action: str, token: st
         [str(python), str(script), json.dumps(command)], capture_output=True, text=True, timeout=SLOW_CALL_S * 4
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    with (gateway.log_path.parent / "task-clients.jsonl").open("a") as transcript:  # what each client saw
+        transcript.write(json.dumps({"client": kind, "command": {**command, "token": "…"}, "seen": seen}) + "\n")
+    return seen
 
 
 def start(clients: dict[str, Path], kind: str, gateway: Gateway, tool: str, arguments: dict[str, Any]) -> Any:
