@@ -29,7 +29,8 @@ from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_u
 from tests.support.waiting import wait_until
 from worker.dev.embedded import EmbeddedRedis
 
-pytestmark = pytest.mark.integration
+# Generous: the first test may build the side environments (`make task-clients`) in its setup.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = ROOT / "tests" / "support" / "task_clients"
@@ -319,6 +320,13 @@ def test_task_modes_are_enforced(stack: TaskStack) -> None:
     assert direct["result"]["resultType"] == "complete" and direct["result"]["isError"] is False
     plain = modern(stack.a, "tools/call", {"name": "status", "arguments": {"code": 200}})
     assert plain["result"]["resultType"] == "complete"
+
+
+def test_each_generation_serves_its_own_methods(stack: TaskStack) -> None:
+    """tasks/result and tasks/list (2025-11-25 only) are not found for a 2026-07-28 client."""
+    created = modern(stack.a, "tools/call", {"name": "status", "arguments": {"code": 200}}, OPTED_IN)["result"]
+    assert modern(stack.b, "tasks/result", {"taskId": created["taskId"]})["error"]["code"] == -32601
+    assert modern(stack.b, "tasks/list", {})["error"]["code"] == -32601
 
 
 def test_mcp_name_must_name_the_task(stack: TaskStack) -> None:

@@ -243,6 +243,7 @@ class McpTasks:
 
     async def result(self, ctx: Context, params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: the call's tool result, once the task has ended (it waits)."""
+        _only(ctx, "2025")
         view = await self._view(ctx, params.task_id)
         while not view.terminal:
             envelope = await self.calls.wait(view.record.task_id, RESULT_SLICE_S)
@@ -253,6 +254,7 @@ class McpTasks:
         return _tool_result(view.envelope, view.record.task_id, "2025")
 
     async def list_tasks(self, ctx: Context, params: ListParams) -> dict[str, Any]:
+        _only(ctx, "2025")
         after = _decode_cursor(params.cursor)
         records, more = await self.store.page(_principal(ctx).name, after, LIST_PAGE_SIZE)
         views = await asyncio.gather(*(self._envelope_view(record) for record in records))
@@ -265,6 +267,7 @@ class McpTasks:
 
     async def update(self, ctx: Context, params: UpdateParams) -> dict[str, Any]:
         """Answers to a task's input requests: stored for whoever asked, and the task works again."""
+        _only(ctx, "2026")
         view = await self._view(ctx, params.task_id)
         if view.status != "input_required":
             raise MCPError(code=types.INVALID_PARAMS, message=f"Task {params.task_id} asks no input now.")
@@ -489,6 +492,13 @@ class _Notification(BaseModel):
 
 def _generation(ctx: Context) -> Generation:
     return "2026" if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else "2025"
+
+
+def _only(ctx: Context, generation: Generation) -> None:
+    """A method of one generation's tasks (2026-07-28 dropped `tasks/result` and `tasks/list`; `tasks/update`
+    is its own) is not found in the other."""
+    if _generation(ctx) != generation:
+        raise MCPError(code=types.METHOD_NOT_FOUND, message="Method not found", data=ctx.method)
 
 
 def _opted_in(ctx: Context) -> bool:
