@@ -22,6 +22,9 @@ from typing import Any
 import httpx2
 import pytest
 import redis
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import OTHER_TOKEN, TOKEN, Gateway, auth, gateway_env, start_gateway, wait_listening
@@ -282,11 +285,13 @@ def modern_request(
 def modern(
     gateway: Gateway, method: str, params: dict[str, Any], capabilities: dict[str, Any] | None = None, **headers: str
 ) -> dict[str, Any]:
-    """One 2026-07-28 request, as JSON; the answer's JSON-RPC body (an error comes with HTTP 400)."""
+    """One 2026-07-28 request, as JSON; the answer's JSON-RPC body (an error comes with HTTP 400, an unknown
+    method with 404)."""
     body, sent = modern_request(method, params, capabilities, **headers)
     answer = httpx2.post(gateway.url + "/mcp", json=body, headers=sent, timeout=30)
     found = answer.json()
-    assert answer.status_code == (400 if "error" in found else 200), answer.text
+    expected = 200 if "error" not in found else 404 if found["error"]["code"] == -32601 else 400
+    assert answer.status_code == expected, answer.text
     return dict(found)
 
 
@@ -396,3 +401,14 @@ def test_a_task_expires_after_its_ttl(task_clients: dict[str, Path], stack: Task
     wait_until(lambda: not client.exists(f"toolworker:gateway:task:{task['taskId']}"), timeout_s=30)
     gone = run_client(task_clients["mcp1"], "mcp1", stack.b, "get", taskId=task["taskId"])
     assert gone["error"]["code"] == -32602 and "not found" in gone["error"]["message"]
+
+
+async def test_a_required_tool_refuses_a_plain_legacy_call(stack: TaskStack) -> None:
+    """2025-11-25: a `task: required` tool called without `params.task` is refused (-32601), naming the reason."""
+    async with httpx2.AsyncClient(headers=auth(), timeout=30) as http:
+        transport = streamable_http_client(stack.a.url + "/mcp", http_client=http)
+        async with Client(transport, mode="legacy") as client:
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("only_task", {"item": "plain"})
+    assert refused.value.error.code == -32601 and "runs only as a task" in refused.value.error.message
+    assert stack.upstream.hits_to("/echo/only/plain") == 0
