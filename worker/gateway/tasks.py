@@ -217,7 +217,7 @@ class McpTasks:
             last_updated_at=created,
             ttl_ms=ttl_ms,
             poll_interval_ms=self.poll_ms,
-            status_message="The call is queued.",
+            status_message="The call is queued or running.",
         )
         await self.store.create(record)
         spec = replace(spec, call_id=task_id)
