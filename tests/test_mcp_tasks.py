@@ -412,3 +412,15 @@ async def test_a_required_tool_refuses_a_plain_legacy_call(stack: TaskStack) -> 
                 await client.call_tool("only_task", {"item": "plain"})
     assert refused.value.error.code == -32601 and "runs only as a task" in refused.value.error.message
     assert stack.upstream.hits_to("/echo/only/plain") == 0
+
+
+def test_no_task_state_holds_a_token(task_clients: dict[str, Path], stack: TaskStack) -> None:
+    """The task records and indexes name principals, never their tokens."""
+    start(task_clients, "mcp1", stack.a, "status", {"code": 200})
+    client = redis.Redis.from_url(stack.redis.url)
+    texts = []
+    for key in client.scan_iter("toolworker:gateway:task*"):
+        kind = client.type(key)
+        texts.append(client.get(key) if kind == b"string" else b" ".join(client.zrange(key, 0, -1)) + key)
+    assert texts and b"principal" in b"".join(texts)
+    assert not any(token.encode() in text for token in (TOKEN, OTHER_TOKEN) for text in texts)

@@ -157,9 +157,9 @@ class McpFront:
             call_id = check_call_id(_meta(params).get(CALL_ID_META_KEY) or headers.get(IDEMPOTENCY_HEADER))
             trace = tracing.context_from(_meta(params))
             spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, _principal(ctx))
-            generation = self._task_generation(ctx, params, spec)
-            if generation is not None and self.tasks is not None:
-                return await self.tasks.create(spec, self.calls.resolve(name, spec.principal), generation, params)
+            task = await self._task(ctx, params, spec)
+            if task is not None:
+                return task
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
@@ -179,14 +179,18 @@ class McpFront:
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         return tool_result(envelope, submitted.call_id, self.timeout_s)
 
-    def _task_generation(self, ctx: Context, params: types.CallToolRequestParams, spec: CallSpec) -> Any:
-        """Whether the call runs as a task (tasks.py decides; raises UnknownTool for a tool not granted)."""
+    async def _task(self, ctx: Context, params: types.CallToolRequestParams, spec: CallSpec) -> dict[str, Any] | None:
+        """The task answering this call, when its client asked for one and its tool allows it (tasks.py decides;
+        raises UnknownTool for a tool not granted, MCPError for a task mode the request does not meet)."""
         if self.tasks is None:
             return None
-        generation = self.tasks.requested(ctx, params, self.calls.resolve(spec.tool, spec.principal))
-        if generation is not None and spec.call_id is not None:
+        tool = self.calls.resolve(spec.tool, spec.principal)
+        generation = self.tasks.requested(ctx, params, tool)
+        if generation is None:
+            return None
+        if spec.call_id is not None:
             raise ValueError("A task's id is made by the gateway: a task request cannot name a callId.")
-        return generation
+        return await self.tasks.create(spec, tool, generation, params)
 
     async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to
