@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ValidationError
+from redis.exceptions import WatchError
 
 TASK_KEY_PREFIX = "toolworker:gateway:task:"
 PRINCIPAL_TASKS_PREFIX = "toolworker:gateway:tasks:"
@@ -33,6 +34,8 @@ PRINCIPAL_TASKS_PREFIX = "toolworker:gateway:tasks:"
 TASK_ID_BYTES = 16
 
 StoredStatus = Literal["working", "input_required", "cancelled"]
+# Where a page of a principal's tasks ended: the last one's creation time (its score) and id.
+Cursor = tuple[float, str]
 
 
 class TaskRecord(BaseModel):
@@ -90,27 +93,50 @@ class TaskStore:
         return record if secrets.compare_digest(record.principal, principal) else None
 
     async def update(self, record: TaskRecord, **changes: Any) -> TaskRecord:
-        """The record with `changes` (and a new lastUpdatedAt), written back with the TTL it had left."""
-        updated = record.model_copy(update={**changes, "last_updated_at": now_iso()})
-        await self._client.set(TASK_KEY_PREFIX + record.task_id, updated.model_dump_json(), keepttl=True, xx=True)
-        return updated
+        """The task with `changes` (and a new lastUpdatedAt), applied to what is stored now (another gateway
+        may have changed it since `record` was read) and written back with the TTL it had left. `cancelled`
+        is final: a cancelled task is returned unchanged."""
+        key = TASK_KEY_PREFIX + record.task_id
+        async with self._client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    current = record if raw is None else TaskRecord.model_validate_json(raw)
+                    if raw is None or current.status == "cancelled":
+                        return current
+                    updated = current.model_copy(update={**changes, "last_updated_at": now_iso()})
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, updated.model_dump_json(), keepttl=True, xx=True)
+                    await pipe.execute()
+                    return updated
+                except WatchError:
+                    continue
 
-    async def page(self, principal: str, after: float | None, limit: int) -> tuple[list[TaskRecord], float | None]:
-        """The principal's tasks by creation time, those created after `after` (a score); and the score to
+    async def page(self, principal: str, after: Cursor | None, limit: int) -> tuple[list[TaskRecord], Cursor | None]:
+        """The principal's tasks by creation time (ties by id), those after the `after` cursor; and the cursor to
         continue from when more follow."""
         index = PRINCIPAL_TASKS_PREFIX + principal
-        low = "-inf" if after is None else f"({after}"
-        rows: list[Any] = await self._client.zrangebyscore(index, low, "+inf", start=0, num=limit + 1, withscores=True)
+        start = 0
+        if after is not None:
+            rank = await self._client.zrank(index, after[1])
+            start = rank + 1 if isinstance(rank, int) else int(await self._client.zcount(index, "-inf", after[0]))
+        rows: list[Any] = await self._client.zrange(index, start, start + limit, withscores=True)
         found: list[TaskRecord] = []
         gone: list[Any] = []
-        for member, _ in rows[:limit]:
-            task_id = member.decode() if isinstance(member, bytes) else str(member)
-            record = await self.get(task_id, principal)
-            if record is None:
-                gone.append(member)
-            else:
+        for position, (member, _) in enumerate(rows[:limit]):
+            record = await self.get(_text(member), principal)
+            if record is not None:
                 found.append(record)
+            elif position < limit - 1:  # the page's last id stays: the next page starts after it
+                gone.append(member)
         if gone:
             await self._client.zrem(index, *gone)
-        more = len(rows) > limit
-        return found, (rows[limit - 1][1] if more and limit > 0 else None)
+        if len(rows) <= limit or limit <= 0:
+            return found, None
+        member, score = rows[limit - 1]
+        return found, (float(score), _text(member))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -51,7 +51,7 @@ from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.identity import LOCAL, Principal, principal_of
-from worker.gateway.task_store import TaskRecord, TaskStore, new_task_id, now_iso
+from worker.gateway.task_store import Cursor, TaskRecord, TaskStore, new_task_id, now_iso
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -521,17 +521,19 @@ def _principal(ctx: Context) -> Principal:
     return principal_of(ctx.request.scope) if isinstance(ctx.request, Request) else LOCAL
 
 
-def _encode_cursor(score: float) -> str:
-    return base64.urlsafe_b64encode(f"tasks:{score!r}".encode()).decode().rstrip("=")
+def _encode_cursor(cursor: Cursor) -> str:
+    score, task_id = cursor
+    return base64.urlsafe_b64encode(f"tasks:{score!r}:{task_id}".encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str | None) -> float | None:
+def _decode_cursor(cursor: str | None) -> Cursor | None:
+    """The position a `tasks/list` cursor names; one this server did not give is error -32602."""
     if cursor is None:
         return None
     try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if text.startswith("tasks:"):
-            return float(text[len("tasks:") :])
+        prefix, score, task_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().split(":")
+        if prefix == "tasks" and task_id:
+            return float(score), task_id
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
     raise MCPError(code=types.INVALID_PARAMS, message="Invalid cursor")
