@@ -5,7 +5,8 @@ gateway processes on one Redis, a real worker and a local upstream.
 Each client step is its own process and its own connection (tests/support/task_clients/): a task started
 through gateway A is read, awaited and cancelled by a new client on gateway B. The long call lasts
 SLOW_CALL_S = 20 s (the issue's), four times the clients' own request timeout (5 s): a client that held
-its request open for the result would have given up on it.
+its request open for the result would have given up on it. It is also as long as the gateways' timeout of
+a direct call (20 s here): a task's call has the task's TTL instead.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
     worker = start_worker(env, directory / "worker.log")
     gateways: list[Gateway] = []
     try:
-        genv = gateway_env(server.url, DEFINITIONS, TOOLWORKER_GATEWAY_CALL_TIMEOUT_SECONDS="120")
+        # The gateways' timeout of a direct call stays gateway_env's 20 s: a task's call has its TTL instead.
+        genv = gateway_env(server.url, DEFINITIONS)
         gateways = [start_gateway(genv, directory / f"gateway-{name}.log") for name in "ab"]
         wait_listening(gateways[0], ready=True)
         yield TaskStack(server, state, gateways[0], gateways[1], env, directory)

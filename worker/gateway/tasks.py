@@ -47,6 +47,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 
+from worker.constants import MAX_CALL_TIMEOUT_S
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.gateway.calls import Calls, CallSpec
@@ -220,7 +221,8 @@ class McpTasks:
             status_message="The call is queued or running.",
         )
         await self.store.create(record)
-        spec = replace(spec, call_id=task_id)
+        # The call may wait and run as long as the task is kept (not the gateway's timeout of a direct call).
+        spec = replace(spec, call_id=task_id, timeout_s=min(ttl_ms / 1000, MAX_CALL_TIMEOUT_S))
         try:
             submitted = await self.calls.submit(spec)
         except BaseException:
