@@ -14,9 +14,12 @@ it ended. Another principal's task is "not found", like one that never existed o
   task ends, and sends `notifications/tasks/status` on its stream first), `tasks/list`, `tasks/cancel`.
 - Push (2026-07-28): a `subscriptions/listen` whose filter names `taskIds` gets `notifications/tasks` (the
   task as `tasks/get` gives it) on each change of those tasks, read from Redis every poll interval.
-  The SDK serves that revision without tasks: a server middleware answers the task-augmented
-  `tools/call` (whose result is not a `CallToolResult`), and the `tasks/*` methods are registered as the
-  server's own.
+
+Built on the SDK's extension points: `Server.extensions` (what `server/discover` advertises),
+`add_request_handler` (the `tasks/*` methods), `Server.middleware` (the SDK serves 2025-11-25 without tasks
+and would hold a `CreateTaskResult` to the shape of a `CallToolResult`: the middleware answers that
+`tools/call` whole), the listen handler's `SubscriptionBus`, and `get_capabilities` (TaskServer: the
+2025-11-25 `tasks` capability).
 
 A tool result with `isError` is a *completed* task (every envelope is a tool result); `failed` is for a
 call whose envelope cannot be read. Cancelling a call that has not started withdraws it from its queue
