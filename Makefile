@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock upgrade run dev test test-fast lint docs check-deploy bench browser clean
+.PHONY: install lock upgrade run dev test test-fast lint docs check-deploy bench browser task-clients clean
 
 # Exact versions with hashes (`make lock` writes them, see docs/contributing.md): requirements.lock is the
 # runtime (the image installs it), requirements-dev.lock adds the dev and docs extras at the same versions.
@@ -80,6 +80,26 @@ OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
 $(OIDC_PROVIDER):
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
 
+# Real MCP task clients for tests/test_mcp_tasks.py, each in a virtual environment of its own under the
+# venv (their `mcp` versions differ from ours): FastMCP 4's SEP-2663 client (4.1.2: later 4.1.x want a
+# certifi the registry lacks) and the `mcp` SDK 1.x's experimental 2025-11-25 task API (1.30, the last).
+TASK_CLIENTS := $(VENV)/task-clients
+FASTMCP_TASKS := $(TASK_CLIENTS)/fastmcp4/.installed
+MCP_V1 := $(TASK_CLIENTS)/mcp1/.installed
+
+task-clients: $(FASTMCP_TASKS) $(MCP_V1)
+
+$(FASTMCP_TASKS):
+	rm -rf $(TASK_CLIENTS)/fastmcp4 && $(PYTHON) -m venv $(TASK_CLIENTS)/fastmcp4
+	$(TASK_CLIENTS)/fastmcp4/bin/python -m pip install --quiet 'fastmcp[tasks]==4.1.2'
+	touch $@
+
+$(MCP_V1):
+	rm -rf $(TASK_CLIENTS)/mcp1 && $(PYTHON) -m venv $(TASK_CLIENTS)/mcp1
+	$(TASK_CLIENTS)/mcp1/bin/python -m pip install --quiet 'mcp==1.30.*'
+	touch $@
+
+
 # A real browser for the console's tests (tests/test_console.py): Debian's chromium, driven by Playwright for
 # Python (a dev dependency) with executable_path; Playwright's own browser download is not used.
 CHROMIUM := /usr/bin/chromium
@@ -89,7 +109,7 @@ browser: $(CHROMIUM)
 $(CHROMIUM):
 	apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 
-test: install lint check-deploy docs $(OIDC_PROVIDER) $(CHROMIUM)
+test: install lint check-deploy docs $(OIDC_PROVIDER) $(CHROMIUM) task-clients
 	$(BIN)/pytest
 
 test-fast: install

@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     vault_keys: SecretStr = SecretStr("")
     # How long a connect URL (and the authorization it starts) stays usable.
     connect_ttl_seconds: int = Field(600, ge=10, le=86_400)
+    # MCP tasks (worker/gateway/tasks.py): how long a task is kept when its client asks no TTL (a client may
+    # ask up to result_ttl_seconds, as long as its envelope is kept), and how often clients are told to poll.
+    task_ttl_seconds: int = Field(3600, ge=1)
+    task_poll_interval_ms: int = Field(1000, ge=10, le=600_000)
     # Longest the audit stream (one entry per call the gateway takes) grows to; older entries are trimmed.
     audit_stream_maxlen: int = Field(1_000_000, ge=1)
     # The operators' console (/console on the gateway): how long a signed-in session lasts without use.

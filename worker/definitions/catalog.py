@@ -12,7 +12,8 @@ What each consumer accepts, as their APIs answer when they refuse a tool:
 - Anthropic tools `{name, description, input_schema}`: name `^[a-zA-Z0-9_-]{1,64}$`; input_schema of type
   object without oneOf/allOf/anyOf at the top level; property keys `^[a-zA-Z0-9_.-]{1,64}$` (the OpenAPI
   reader names arguments so; native definitions choose their own and must follow it for Anthropic).
-- MCP `tools/list` entries `{name, description, inputSchema, annotations?}`: inputSchema an object schema,
+- MCP `tools/list` entries `{name, description, inputSchema, annotations?, execution}` (execution.taskSupport:
+  the tool's task mode): inputSchema an object schema,
   JSON Schema 2020-12 unless `$schema` says otherwise; annotations are hints (readOnlyHint,
   destructiveHint, idempotentHint, openWorldHint) derived here from the HTTP method.
 All three get schemas without `$schema`, `$id`, `$comment`, `$anchor`, `x-*` keys, and without `$ref`s
@@ -32,6 +33,7 @@ from typing import Any
 
 from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST
 from worker.definitions.model import (
+    DEFAULT_TASK_MODE,
     DEFINITIONS_KEYWORDS,
     SUBSCHEMA_KEYWORDS,
     SUBSCHEMA_LIST_KEYWORDS,
@@ -244,6 +246,7 @@ def _mcp_entry(item: ToolLike, d: Mapping[str, JSON]) -> dict[str, JSON]:
         "description": d["description"],
         "inputSchema": export_schema(d["inputSchema"], keep_examples=True),
         "annotations": _mcp_annotations(item, d["method"]),
+        "execution": {"taskSupport": item.task_mode if isinstance(item, Tool) else DEFAULT_TASK_MODE},
     }
     if d.get("outputSchema") is not None:
         entry["outputSchema"] = d["outputSchema"]

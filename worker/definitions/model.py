@@ -27,6 +27,11 @@ SUBSCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 SUBSCHEMA_MAP_KEYWORDS = frozenset({"properties", "patternProperties", "dependentSchemas"})
 # Where a schema keeps subschemas for `$ref`s to name.
 DEFINITIONS_KEYWORDS = frozenset({"$defs", "definitions"})
+# Whether an MCP client may (optional), must (required) or must not (forbidden) run a call of the tool as a
+# task (SPEC §13). A tool that declares nothing is `optional`: every call goes through the queue and its
+# envelope is stored under its callId, so any call can outlive the connection that made it.
+TASK_MODES = ("forbidden", "optional", "required")
+DEFAULT_TASK_MODE = "optional"
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +248,8 @@ class Tool:
     source: Source = Source("<builtin>")
     # How it is answered: constants.KIND_DEFINED, KIND_HTTP_REQUEST or KIND_CATALOG (worker/call/handlers.py).
     kind: str = constants.KIND_DEFINED
+    # One of TASK_MODES, or None for DEFAULT_TASK_MODE (see `task_mode`).
+    task: str | None = None
     # The schema, or a factory that builds it on first use (large OpenAPI specs).
     schema: Mapping[str, JSON] | Callable[[], Mapping[str, JSON]] = field(
         default_factory=lambda: {"type": "object", "properties": {}}
@@ -270,6 +277,11 @@ class Tool:
     @property
     def schema_is_lazy(self) -> bool:
         return callable(self.schema)
+
+    @property
+    def task_mode(self) -> str:
+        """How MCP clients may run its calls as tasks: its own `task:`, else DEFAULT_TASK_MODE."""
+        return self.task or DEFAULT_TASK_MODE
 
     @property
     def summary(self) -> str:

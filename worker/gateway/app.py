@@ -41,6 +41,7 @@ from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
 from worker.gateway.rest import Rest, error
 from worker.gateway.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
+from worker.gateway.tasks import McpTasks
 from worker.gateway.toolserver import ToolServer
 from worker.heap import settle_heap
 from worker.settings import Settings
@@ -67,13 +68,15 @@ class _McpEndpoint:
     """`/mcp`: the SDK's transport as an ASGI app, reached from the Guard without Starlette's routing.
 
     Two of them: answers as plain JSON (no stream to set up: a quarter less CPU a call), and, for a
-    request that asks for progress, as an event stream that can carry it."""
+    request that asks for progress or waits for a task's end (`tasks/result`, whose stream carries
+    `notifications/tasks/status`), as an event stream that can carry it."""
 
     def __init__(self, late: _Late) -> None:
         self._late = late
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        streamed = b'"progressToken"' in scope.get(BODY_SCOPE_KEY, b"")
+        body = scope.get(BODY_SCOPE_KEY, b"")
+        streamed = b'"progressToken"' in body or b'"tasks/result"' in body
         await (self._late.streaming if streamed else self._late.mcp).handle_request(scope, receive, send)
 
 
@@ -102,7 +105,13 @@ def create_app(
             open_calls(settings, options.tags) as calls,
             open_console(settings, calls, keeper.tokens, not keeper.required, _console_pages(calls)) as console,
         ):
-            front = McpFront(calls, options.mode, settings.gateway_page_size, settings.gateway_call_timeout_seconds)
+            front = McpFront(
+                calls,
+                options.mode,
+                settings.gateway_page_size,
+                settings.gateway_call_timeout_seconds,
+                McpTasks.of(calls, settings),
+            )
             server = front.server()
             late.mcp = _transport(server, settings, json_response=True)
             late.streaming = _transport(server, settings, json_response=False)

@@ -114,6 +114,11 @@ class Calls:
         self.decisions = Decisions(redis, Publisher(redis, claim_ttl_s, stream_maxlen), audit)
         self.delegation = delegation
 
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The gateway's Redis client (for the rooms that keep state of their own: MCP tasks)."""
+        return self._redis
+
     def visible(self, principal: Principal) -> Snapshot:
         """The catalog as `principal` sees it: the tools its grant allows, nothing else."""
         return self.catalog.snapshot.scoped(principal.grant)

@@ -26,6 +26,8 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
 - A tool that acts for its user at an upstream the user has not connected: the user is asked to connect
   first (consent.py, through asking.py), and the call goes on once connected.
 - Discovery mode (`--mode discovery`) lists four meta-tools instead of the catalog (discovery.py).
+- Tasks (tasks.py): a call whose client asks for a task (2026-07-28: the tasks extension in the request's
+  client capabilities; 2025-11-25: `params.task`) and whose tool allows it is answered with a task at once.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import structlog
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
@@ -58,6 +60,7 @@ from worker.gateway.catalog import Snapshot
 from worker.gateway.consent import consent_first
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import LOCAL, Principal, access_token_of, principal_of
+from worker.gateway.tasks import McpTasks, TaskListen, TaskServer
 from worker.queue import approvals
 
 log = structlog.get_logger("toolworker.gateway.mcp")
@@ -89,8 +92,11 @@ T = TypeVar("T")
 class McpFront:
     """The handlers of the MCP server, over the gateway's calls and catalog."""
 
-    def __init__(self, calls: Calls, mode: Mode, page_size: int, timeout_s: float) -> None:
+    def __init__(
+        self, calls: Calls, mode: Mode, page_size: int, timeout_s: float, tasks: McpTasks | None = None
+    ) -> None:
         self.calls = calls
+        self.tasks = tasks
         self.mode = mode
         self.page_size = page_size
         self.timeout_s = timeout_s
@@ -101,18 +107,20 @@ class McpFront:
         calls.catalog.on_change(self._changed)
 
     def server(self) -> Server[Any]:
-        server: Server[Any] = Server(
+        server: Server[Any] = TaskServer(
             "toolworker",
             version=version(),
             instructions=INSTRUCTIONS,
             get_tool_input_schema=self._input_schema,
-            on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscriptions_listen=TaskListen(self.bus, self.tasks),
         )
         if not tracing.enabled():  # the SDK's span of each request, a no-op that only costs time when not tracing
             server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)
         # Registered by method: the handlers answer with the wire's dicts (the SDK validates them once).
         server.add_request_handler("tools/list", types.PaginatedRequestParams, self.list_tools)
         server.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)
+        if self.tasks is not None:
+            self.tasks.install(server, self.call_tool)
         return server
 
     # --- tools/list -------------------------------------------------------------------------------
@@ -181,6 +189,9 @@ class McpFront:
                 return approved_by
             token = _access_token(ctx)
             spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, principal, approved_by, token)
+            task = await self._task(ctx, params, spec)
+            if task is not None:
+                return task
             submitted = await self.calls.submit(spec)
         except UnknownTool as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
@@ -235,6 +246,19 @@ class McpFront:
             return None  # an unknown tool is answered by the submission
         upstream = self.calls.catalog.snapshot.upstream(tool)
         return await consent_first(ctx, self.calls.delegation, upstream, principal.name)
+
+    async def _task(self, ctx: Context, params: types.CallToolRequestParams, spec: CallSpec) -> dict[str, Any] | None:
+        """The task answering this call, when its client asked for one and its tool allows it (tasks.py decides;
+        raises UnknownTool for a tool not granted, MCPError for a task mode the request does not meet)."""
+        if self.tasks is None:
+            return None
+        tool = self.calls.resolve(spec.tool, spec.principal)
+        generation = self.tasks.requested(ctx, params, tool)
+        if generation is None:
+            return None
+        if spec.call_id is not None:
+            raise ValueError("A task's id is made by the gateway: a task request cannot name a callId.")
+        return await self.tasks.create(spec, tool, generation, params)
 
     async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to

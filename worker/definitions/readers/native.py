@@ -84,6 +84,8 @@ class ToolModel(StrictModel):
     output_schema: dict[str, Any] | None = None
     pagination: PaginationModel | None = None
     cache: CacheModel | None = None
+    # MCP tasks (model.TASK_MODES); absent: model.DEFAULT_TASK_MODE.
+    task: Literal["forbidden", "optional", "required"] | None = None
 
 
 class TenantModel(StrictModel):
@@ -188,6 +190,7 @@ def build_tool(model: ToolModel, source: Source) -> Tool:
         max_output_chars=model.response.max_output_chars,
         source=source,
         approval=build_approval(model.approval),
+        task=model.task,
     )
 
 
