@@ -76,7 +76,7 @@ def test_structured_value_and_a_body_its_schema_refuses(answers: Answers) -> Non
     assert wrong.exit_code == 0 and wrong.structured is None
     assert json.loads(wrong.result) == {"id": "seven", "name": "not an id"}
     assert wrong.note is not None and "output schema" in wrong.note and "$['id']" in wrong.note
-    assert wrong.to_dict()["structuredContent"] is None
+    assert wrong.to_dict().get("structuredContent") is None
 
 
 # --- pagination ---------------------------------------------------------------------------------------

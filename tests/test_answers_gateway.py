@@ -141,7 +141,9 @@ async def test_a_body_that_breaks_its_schema_is_text_with_a_note(shop_stack: Sho
     envelope = httpx2.get(
         f"{shop_stack.url}/v1/calls/{result.meta[CALL_META_KEY]['callId']}", headers=auth(), timeout=10
     ).json()  # type: ignore[index]
-    assert envelope["exitCode"] == 0 and envelope["structuredContent"] is None and "output schema" in envelope["note"]
+    assert (
+        envelope["exitCode"] == 0 and envelope.get("structuredContent") is None and "output schema" in envelope["note"]
+    )
 
 
 async def test_rest_envelope_carries_the_parsed_value(shop_stack: ShopStack) -> None:
@@ -149,7 +151,7 @@ async def test_rest_envelope_carries_the_parsed_value(shop_stack: ShopStack) -> 
     body = {"tool": "get_item", "arguments": {"item_id": 9}, "wait": True}
     envelope = httpx2.post(shop_stack.url + "/v1/calls", json=body, headers=auth(), timeout=60).json()
     assert envelope["structuredContent"] == {"id": 9, "name": "item 9", "tags": ["new"]}
-    assert envelope["cached"] is False and envelope["truncation"] is None
+    assert "cached" not in envelope and "truncation" not in envelope
 
 
 async def test_cache_hits_through_the_gateway_without_the_queue(shop_stack: ShopStack) -> None:

@@ -114,19 +114,19 @@ def test_a_401_refreshes_the_token_once_and_the_call_goes_through(vault_stack: V
 
 
 def test_a_connect_link_or_state_used_twice_tampered_or_anothers_is_refused(vault_stack: VaultStack) -> None:
-    """A spent link, a tampered state and a state brought back by another browser are refused (400) and
+    """A spent link, a tampered state and a state brought back by another browser are refused (403) and
     store nothing."""
     link = link_in(rest_call(vault_stack, CAROL_TOKEN)["error"]["message"])
     with httpx2.Client(timeout=20) as browser:
         opened = browser.get(link)
         assert opened.status_code == 302
-        assert browser.get(link).status_code == 400  # spent
+        assert browser.get(link).status_code == 403  # spent
         state = parse_qs(urlsplit(opened.headers["location"]).query)["state"][0]
         callback = vault_stack.url + "/v1/connections/callback"
         tampered = state[:-1] + ("A" if state[-1] != "A" else "B")
-        assert browser.get(callback, params={"state": tampered, "code": "x"}).status_code == 400
+        assert browser.get(callback, params={"state": tampered, "code": "x"}).status_code == 403
     with httpx2.Client(timeout=20) as stranger:  # no binding cookie: another browser
-        assert stranger.get(callback, params={"state": state, "code": "x"}).status_code == 400
+        assert stranger.get(callback, params={"state": state, "code": "x"}).status_code == 403
     answer = httpx2.get(vault_stack.url + "/v1/connections", headers=bearer(CAROL_TOKEN), timeout=10)
     assert answer.json() == {"connections": []}
 

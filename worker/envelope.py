@@ -76,11 +76,14 @@ class ToolResult:
         return self.exit_code == 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The camelCase envelope, as published (its dicts copied; every value is plain JSON)."""
+        """The camelCase envelope, as published (its dicts copied; every value is plain JSON). The fields of
+        answers (structuredContent, truncation, note, pages, next_cursor, cached, age) only where they say
+        something: absent reads as None (False for cached)."""
         return {
             _CAMEL.get(name, name): dict(value) if isinstance(value, dict) and name != "structured" else value
             for name in _FIELDS
             for value in (getattr(self, name),)
+            if name not in _OPTIONAL or value not in (None, False)
         }
 
     def to_json(self) -> str:
@@ -107,4 +110,5 @@ class ToolResult:
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))
+_OPTIONAL = frozenset({"structured", "truncation", "note", "pages", "next_cursor", "cached", "age"})
 _FIELD_SET = frozenset(_FIELDS)

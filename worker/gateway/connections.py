@@ -21,6 +21,7 @@ import json
 import secrets
 
 import structlog
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -39,6 +40,22 @@ log = structlog.get_logger("toolworker.gateway.connections")
 BINDING_COOKIE = "toolworker_connect"
 
 
+class ConnectionName(Convertor[str]):
+    """An upstream's name in `/v1/connections/{upstream}`, but not the callback's own path segment: a DELETE
+    there is a method the callback does not take (405), not a revocation of an upstream named `callback`."""
+
+    regex = "(?!callback$)[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("connection", ConnectionName())
+
+
 class Connections:
     def __init__(self, calls: Calls, delegation: Delegation) -> None:
         self.calls = calls
@@ -48,7 +65,7 @@ class Connections:
         return [
             Route("/v1/connections", self.list_connections, methods=["GET"]),
             Route(CALLBACK_PATH, self.callback, methods=["GET"]),
-            Route("/v1/connections/{upstream}", self.revoke, methods=["DELETE"]),
+            Route("/v1/connections/{upstream:connection}", self.revoke, methods=["DELETE"]),
             Route("/v1/connections/{upstream}/authorize", self.authorize, methods=["GET"]),
         ]
 
@@ -72,11 +89,13 @@ class Connections:
         name = request.path_params["upstream"]
         upstream = self._upstream(name)
         ticket = request.query_params.get("ticket", "")
-        if upstream is None or not ticket or not self.delegation.enabled:
+        if not ticket:
             return _page(400, "This connect link is not valid.", "Ask for the tool to be called again for a new link.")
+        if upstream is None or not self.delegation.enabled:
+            return _page(404, "This connect link is not valid.", "Ask for the tool to be called again for a new link.")
         redeemed = await self.delegation.links.redeem(ticket, name)
-        if redeemed is None:
-            return _page(400, "This connect link is not valid any more.", "It was used already or it expired.")
+        if redeemed is None:  # unknown, spent or expired: refused
+            return _page(403, "This connect link is not valid any more.", "It was used already or it expired.")
         user, expires_at = redeemed
         binding = secrets.token_urlsafe(32)
         try:
@@ -98,13 +117,15 @@ class Connections:
     async def callback(self, request: Request) -> Response:
         query = request.query_params
         state = query.get("state", "")
-        pending = await self.delegation.links.finish(state) if state and self.delegation.enabled else None
+        if not state:
+            return _page(400, "This authorization is not valid.", "It names no state.")
+        pending = await self.delegation.links.finish(state) if self.delegation.enabled else None
         if pending is None or not pending.bound_to(request.cookies.get(BINDING_COOKIE)):
-            return _page(400, "This authorization is not valid.", "It is unknown, used, expired, or another browser's.")
+            return _page(403, "This authorization is not valid.", "It is unknown, used, expired, or another browser's.")
         upstream = self._upstream(pending.upstream)
-        if upstream is None or "code" not in query:
-            reason = query.get("error", "no code")
-            return _page(400, "Access was not granted.", f"The authorization server said: {reason}.")
+        if upstream is None or not query.get("code"):
+            reason = query.get("error") or "no code"
+            return _page(403, "Access was not granted.", f"The authorization server said: {reason}.")
         try:
             tokens = await self.delegation.finish(pending, upstream, query["code"], query.get("iss"))
         except errors.ToolError as exc:

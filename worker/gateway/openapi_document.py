@@ -384,7 +384,8 @@ def _connection_paths() -> JSON:
             "revokedAtServer": {"type": "boolean"},
         },
     }
-    browser = {**_HTML, "description": "The link or the authorization is not valid (unknown, used, expired)."}
+    malformed = {**_HTML, "description": "The link or the redirect names no ticket or state."}
+    refused = {**_HTML, "description": "The link or the authorization is not valid (unknown, used, expired)."}
     return {
         "/v1/connections": {
             "get": _operation(
@@ -411,12 +412,14 @@ def _connection_paths() -> JSON:
                 "A connect link (single use, for one user): redirects the browser to the authorization server",
                 {
                     "302": {"description": "To the authorization server (state and PKCE S256)."},
-                    "400": browser,
+                    "400": malformed,
+                    "403": refused,
+                    "404": {**_HTML, "description": "No upstream of this name acts for its users here."},
                     "502": {**_HTML, "description": "The authorization server cannot be reached."},
                 },
                 parameters=[
                     _UPSTREAM,
-                    {"name": "ticket", "in": "query", "required": True, "schema": {"type": "string"}},
+                    {"name": "ticket", "in": "query", "required": True, "schema": {"type": "string", "minLength": 1}},
                 ],
                 security=[],
             )
@@ -425,9 +428,14 @@ def _connection_paths() -> JSON:
             "get": _operation(
                 "connectCallback",
                 "The authorization server's redirect back: the code is exchanged and the connection stored",
-                {"200": _HTML, "400": browser},
+                {"200": _HTML, "400": malformed, "403": refused},
                 parameters=[
-                    {"name": name, "in": "query", "required": name == "state", "schema": {"type": "string"}}
+                    {
+                        "name": name,
+                        "in": "query",
+                        "required": name == "state",
+                        "schema": {"type": "string", "minLength": 1},
+                    }
                     for name in ("state", "code", "iss", "error")
                 ],
                 security=[],
