@@ -41,7 +41,6 @@ from worker.gateway.mcp import McpFront, Mode
 from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
 from worker.gateway.rest import Rest, error
 from worker.gateway.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
-from worker.gateway.tasks import McpTasks
 from worker.gateway.toolserver import ToolServer
 from worker.heap import settle_heap
 from worker.settings import Settings
@@ -105,13 +104,7 @@ def create_app(
             open_calls(settings, options.tags) as calls,
             open_console(settings, calls, keeper.tokens, not keeper.required, _console_pages(calls)) as console,
         ):
-            front = McpFront(
-                calls,
-                options.mode,
-                settings.gateway_page_size,
-                settings.gateway_call_timeout_seconds,
-                McpTasks.of(calls, settings),
-            )
+            front = McpFront.of(calls, settings, options.mode)
             server = front.server()
             late.mcp = _transport(server, settings, json_response=True)
             late.streaming = _transport(server, settings, json_response=False)

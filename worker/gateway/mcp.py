@@ -62,6 +62,7 @@ from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity import LOCAL, Principal, access_token_of, principal_of
 from worker.gateway.tasks import McpTasks, TaskListen, TaskServer
 from worker.queue import approvals
+from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway.mcp")
 Mode = Literal["all", "discovery"]
@@ -122,6 +123,12 @@ class McpFront:
         if self.tasks is not None:
             self.tasks.install(server, self.call_tool)
         return server
+
+    @classmethod
+    def of(cls, calls: Calls, settings: Settings, mode: Mode) -> McpFront:
+        """The MCP front end as the gateway's settings make it (HTTP and stdio alike), with its tasks."""
+        timeout_s = settings.gateway_call_timeout_seconds
+        return cls(calls, mode, settings.gateway_page_size, timeout_s, McpTasks.of(calls, settings))
 
     # --- tools/list -------------------------------------------------------------------------------
 

@@ -18,19 +18,12 @@ from mcp.server.stdio import stdio_server
 from worker.gateway.app import Options
 from worker.gateway.calls import open_calls
 from worker.gateway.mcp import McpFront
-from worker.gateway.tasks import McpTasks
 from worker.settings import Settings
 
 
 async def _serve(settings: Settings, options: Options) -> None:
     async with open_calls(settings, options.tags) as calls:
-        front = McpFront(
-            calls,
-            options.mode,
-            settings.gateway_page_size,
-            settings.gateway_call_timeout_seconds,
-            McpTasks.of(calls, settings),
-        )
+        front = McpFront.of(calls, settings, options.mode)
         server = front.server()
         init = server.create_initialization_options(NotificationOptions(tools_changed=True))
         async with stdio_server() as (read_stream, write_stream):
