@@ -4,6 +4,7 @@ and the `toolworker approvals` command line."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -27,9 +28,10 @@ from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start_gateway, text_of, wait_listening
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from tests.support.waiting import wait_until
+from tests.support.webhooks import Receiver, ReceiverServer
 from worker.client import ToolClient
 from worker.constants import AUDIT_STREAM_KEY, DEFAULT_QUEUE
-from worker.dev.embedded import EmbeddedRedis
+from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.gateway.mcp import CALL_META_KEY
 from worker.protocol import task_message
 from worker.queue.scheduler import IN_FLIGHT_KEY
@@ -45,6 +47,7 @@ tokens:
   bot: {token: "${env:TEST_BOT_TOKEN}", tools: ["*"]}
 """
 BRIEF_TTL_S = 2
+HOOK_SECRET = "whsec_" + base64.b64encode(b"approvals' webhook key, 32 bytes").decode()
 
 
 @dataclass
@@ -56,6 +59,7 @@ class ApprovalStack:
     directory: Path
     worker: subprocess.Popen[bytes]
     brief_worker: subprocess.Popen[bytes]
+    receiver: Receiver
 
     @property
     def url(self) -> str:
@@ -73,18 +77,22 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
     server = EmbeddedRedis(directory / "redis").start()
     state = UpstreamState()
     upstream = ServerThread(make_upstream(state)).start()
+    receiver = Receiver([HOOK_SECRET], free_port())
+    hooks = ReceiverServer(receiver).start()
     env = worker_env(server.url, upstream.url, dns_server.address, DEFINITIONS)
+    env.update(TOOLWORKER_CALLBACK_ALLOW="127.0.0.1", TOOLWORKER_CALLBACK_SECRET=HOOK_SECRET)
     worker = start_worker(env, directory / "worker.log")
     brief_env = {**env, "TOOLWORKER_APPROVAL_TTL_SECONDS": str(BRIEF_TTL_S)}
     brief_worker = start_worker(brief_env, directory / "brief-worker.log", "-Q", "approvals-brief")
     access = directory / "access.yaml"
     access.write_text(ACCESS)
     extra = {"TOOLWORKER_GATEWAY_ACCESS": str(access), "TEST_OPS_TOKEN": OPS_TOKEN, "TEST_BOT_TOKEN": BOT_TOKEN}
+    extra["TOOLWORKER_CALLBACK_ALLOW"] = "127.0.0.1"
     gateway = None
     try:
         gateway = start_gateway(gateway_env(server.url, DEFINITIONS, **extra), directory / "gateway.log")
         wait_listening(gateway, ready=True)
-        handle = ApprovalStack(server, state, gateway, env, directory, worker, brief_worker)
+        handle = ApprovalStack(server, state, gateway, env, directory, worker, brief_worker, receiver)
         yield handle
         gateway = handle.gateway
         worker = handle.worker
@@ -93,6 +101,7 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
             gateway.stop()
         stop_worker(worker)
         stop_worker(brief_worker)
+        hooks.stop()
         upstream.stop()
         server.stop()
 
@@ -216,6 +225,25 @@ def test_denied_call_is_answered_77_with_the_reason(stack: ApprovalStack) -> Non
     assert result["exitCode"] == 77 and result["error"]["type"] == "approval_denied"
     assert "not on a Friday" in result["error"]["message"] and "ops" in result["error"]["message"]
     assert stack.hits(f"/echo/delete/{name}") == 0
+
+
+def test_a_parked_calls_callback_hears_of_the_decision(stack: ApprovalStack) -> None:
+    """A parked call with a callback: denied, its 77 envelope is delivered there (signed); approved, the
+    envelope of the call that ran is."""
+    url = stack.receiver.url("decided")
+    denied = rest_call(stack, "delete_item", item(), callback={"url": url}).json()["callId"]
+    approved_name = item()
+    approved = rest_call(stack, "delete_item", approved_name, callback={"url": url}).json()["callId"]
+    wait_parked(stack, denied)
+    wait_parked(stack, approved)
+    assert decide(stack, denied, "deny", reason="not today").status_code == 200
+    assert decide(stack, approved, "approve").status_code == 200
+    wait_until(lambda: len(stack.receiver.accepted("decided")) == 2, 30, "both deliveries")
+    delivered = {json.loads(d.body)["callId"]: json.loads(d.body) for d in stack.receiver.accepted("decided")}
+    assert delivered[denied]["exitCode"] == 77 and "not today" in delivered[denied]["error"]["message"]
+    assert delivered[approved]["exitCode"] == 0
+    assert all(d.verified == [True] for d in stack.receiver.accepted("decided"))
+    assert stack.hits(f"/echo/delete/{approved_name}") == 1
 
 
 def test_a_principal_without_approve_cannot_list_or_decide(stack: ApprovalStack) -> None:
