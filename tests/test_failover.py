@@ -22,6 +22,7 @@ import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tests.conftest import Upstream
 from tests.support.gateway_stack import Gateway, auth
 from tests.support.sentinel import CountingClient, Fleet, SentinelCluster, report
 from worker.client import AsyncToolClient
@@ -228,6 +229,51 @@ def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Flee
     assert cluster.primary_port() == first.port
     check("kill -9 of the primary", away, client, sentinel_fleet, NEW_CALL_BUDGET_S)
     check("failing back to the first server", back, client, sentinel_fleet, NEW_CALL_BUDGET_S)
+
+
+def upstream_receipts(upstream: Upstream, call_ids: list[str]) -> Counter[str]:
+    """How many times the upstream received each of these calls (echo_get's path names the call)."""
+    wanted = set(call_ids)
+    seen = Counter(path.rsplit("/", 1)[-1] for _, path in list(upstream.state.hits) if path.startswith("/echo/items/"))
+    return Counter({call_id: count for call_id, count in seen.items() if call_id in wanted})
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_take_the_lagging_replicas_never_got_does_not_run_twice(sentinel_fleet: Fleet, upstream: Upstream) -> None:
+    """kill -9 of the primary while 3,000 calls stream, its replicas paused (SIGSTOP) for half a second before
+    the kill so that they lag behind its takes: a take the replicas did not confirm is held, not run, and
+    the promoted primary decides it, so no call reaches the upstream twice, and every acknowledged call is
+    answered exactly once."""
+    cluster = sentinel_fleet.cluster
+    primary = cluster.server(cluster.primary_port())
+    replicas = [node for node in cluster.servers if node is not primary]
+
+    def lagging_crash() -> float:
+        for node in replicas:
+            cluster.freeze(node)
+        try:
+            time.sleep(0.5)  # the lag itself: the replicas miss half a second of takes
+            return cluster.crash(primary)
+        finally:
+            for node in replicas:
+                cluster.thaw(node)
+
+    async def scenario() -> tuple[Phase, CountingClient]:
+        client = CountingClient(cluster.url)
+        try:
+            return await through_a_fault(sentinel_fleet, client, lagging_crash, NEW_CALL_BUDGET_S), client
+        finally:
+            await client.aclose()
+
+    phase, client = asyncio.run(scenario())
+    receipts = upstream_receipts(upstream, phase.acknowledged + phase.refused)
+    twice = sorted(call_id for call_id, count in receipts.items() if count > 1)
+    report("lagging replicas, kill -9 of the primary", upstream_receipts=dict(Counter(receipts.values())))
+    check("lagging replicas, kill -9 of the primary", phase, client, sentinel_fleet, NEW_CALL_BUDGET_S)
+    assert twice == [], f"{len(twice)} calls reached the upstream twice, e.g. {twice[:3]}"
+    assert all(receipts[call_id] == 1 for call_id in phase.acknowledged)
 
 
 # A partition is noticed only when a command to the frozen server times out: the outage is longer, and not

@@ -183,10 +183,12 @@ class AsyncToolClient:
         assert sent is not None
         try:
             groups = await self._grouped(messages)
+            # With MIN_REPLICAS the pipeline is sent again after a failover: each push is made once.
+            once = uuid.uuid4().hex if get_settings().redis_min_replicas else None
             async with self._redis.pipeline(transaction=False) as pipe:
-                for (queue, tenant), calls in groups.items():
+                for index, ((queue, tenant), calls) in enumerate(groups.items()):
                     bodies = task_messages(calls, queue, self._batch_size(tenant))
-                    scheduler.enqueue(pipe, queue, tenant, bodies, len(calls))
+                    scheduler.enqueue(pipe, queue, tenant, bodies, len(calls), once and f"{once}:{index}")
                 replies = await execute_replicated(pipe)  # with MIN_REPLICAS, raises NotReplicated on a shortfall
         except Exception as exc:  # every waiting submitter sees the failure
             sent.set_exception(exc)

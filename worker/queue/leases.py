@@ -72,8 +72,10 @@ _REDIS_TIMEOUT_S = 2.0
 
 
 # Removes one in-flight entry and, if it was there and ARGV[2] is '1', puts it back at the head of its queue
-# (where the next take finds it); with ARGV[3], the delivery tag, kombu's unacked records of it go too.
-# KEYS: the in-flight list, the queue, kombu's unacked hash and index. ARGV[1]: the entry.
+# (where the next take finds it) as ARGV[4], marked redelivered (it may have run: an acknowledgement the
+# promoted replica never got leaves it here, and the done-key check must apply); with ARGV[3], the delivery
+# tag, kombu's unacked records of it go too. KEYS: the in-flight list, the queue, kombu's unacked hash and
+# index. ARGV[1]: the entry.
 _SETTLE = """
 local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
 if ARGV[3] ~= '' then
@@ -81,7 +83,7 @@ if ARGV[3] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[3])
 end
 if removed == 1 and ARGV[2] == '1' then
-  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('RPUSH', KEYS[2], ARGV[4])
   return 2
 end
 return removed
@@ -246,7 +248,8 @@ class Leases:
                 tag = delivery_tag(raw) if raw in settled else None
                 source = name[len(prefix) :]
                 keys = [name, source, *self._unacked_keys]
-                outcome = int(settle(keys=keys, args=[raw, "0" if raw in settled else "1", tag or ""]))
+                args = [raw, "0" if raw in settled else "1", tag or "", redelivered(raw)]
+                outcome = int(settle(keys=keys, args=args))
                 self._settled_for_tenant(source, raw, outcome)
                 requeued += outcome == _REQUEUED
         return requeued

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import errors
-from worker.connections import execute_replicated
+from worker.connections import NotReplicated, execute_replicated
 from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult, valid_text
 from worker.protocol import result_meta
+from worker.settings import get_settings
 
 log = structlog.get_logger("toolworker.publisher")
 
@@ -31,6 +35,11 @@ end
 return 1
 """
 _PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()  # loaded into the server on its first NOSCRIPT
+# What a failover does to a publication under way: the connection cut (redis-py's asyncio connection, its
+# transport aborted mid-write, raises AttributeError), or the promoted primary's replicas not yet there.
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, NotReplicated, AttributeError, OSError)
+_RIDE_FAILOVER_S = 30.0  # a failover is over in seconds; past this the message is handed back as before
+_RETRY_PAUSE_S = 0.5
 
 
 class Publisher:
@@ -82,6 +91,19 @@ class Publisher:
         return [bool(o) for o in outcomes]
 
     async def _outcomes(self, results: list[tuple[ToolResult, str | None]]) -> list[Any]:
+        """`_sent_once`, sent again while a failover is under way (MIN_REPLICAS): a call that ran keeps its
+        result rather than running again, and the script makes a second publication a no-op."""
+        deadline = time.monotonic() + _RIDE_FAILOVER_S
+        while True:
+            try:
+                return await self._sent_once(results)
+            except _TRANSIENT as exc:
+                if not get_settings().redis_min_replicas or time.monotonic() > deadline:
+                    raise
+                log.warning("result.publish_retried", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+                await asyncio.sleep(_RETRY_PAUSE_S)
+
+    async def _sent_once(self, results: list[tuple[ToolResult, str | None]]) -> list[Any]:
         """Each pair's outcome (1, 0 or the error its script met): one pair's failure (a replyTo key that
         is no stream) is its own. Raises when the round trip itself failed."""
         calls = [self._script_call(result, reply_to) for result, reply_to in results]

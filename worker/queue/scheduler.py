@@ -51,6 +51,9 @@ TURN_PREFIX = "toolworker:tenants:turn:"
 SEQ_PREFIX = "toolworker:tenants:seq:"
 IN_FLIGHT_KEY = "toolworker:tenants:in_flight"
 QUEUED_KEY = "toolworker:tenants:queued"
+# An enqueue's once-key, kept longer than the resilient client retries a command (about a minute).
+ENQUEUE_ONCE_PREFIX = "toolworker:enqueued:"
+ENQUEUE_ONCE_TTL_S = 300
 # A tenant's share of one turn, per unit of weight: the client's largest batch, so that every turn takes
 # at least one message.
 QUANTUM_CALLS = 100
@@ -204,8 +207,10 @@ return nil
 """
 )
 
-# KEYS[1]: the tenant's list. ARGV: queue, tenant, calls, messages... Returns {1, max_queued} when pushed,
-# {0, max_queued} when the tenant's waiting calls would go over its max_queued (nothing pushed).
+# KEYS[1]: the tenant's list; KEYS[2], when given: the enqueue's once-key (an enqueue sent again after a lost
+# reply finds it and pushes nothing). ARGV: queue, tenant, calls, messages... Returns {1, max_queued} when
+# pushed (or pushed before), {0, max_queued} when the tenant's waiting calls would go over its max_queued
+# (nothing pushed).
 ENQUEUE = (
     _COMMON
     + """
@@ -213,6 +218,7 @@ local q, t, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local _, _, mq = limits(t)
 local queued = tonumber(redis.call('HGET', QUEUED, t)) or 0
 if mq > 0 and queued + n > mq then return {0, mq} end
+if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'EX', $ONCE_TTL) then return {1, mq} end
 for i = 4, #ARGV do redis.call('LPUSH', KEYS[1], ARGV[i]) end
 redis.call('HINCRBY', QUEUED, t, n)
 if t ~= DEFAULT then
@@ -252,6 +258,7 @@ def _script(text: str) -> str:
         "$QUANTUM": str(QUANTUM_CALLS),
         "$OVER": OVER_QUOTA_HEADER,
         "$CALLS_PATTERN": CALLS_HEADER.replace("-", "%-"),
+        "$ONCE_TTL": str(ENQUEUE_ONCE_TTL_S),
     }
     for name, value in names.items():
         text = text.replace(name, value)
@@ -314,9 +321,12 @@ def requeued(pipe: Any, source: str, item: bytes, in_flight: bool = True) -> Non
         pipe.hincrby(QUEUED_KEY, tenant, queued)
 
 
-def enqueue(pipe: Any, queue: str, tenant: str, messages: Sequence[str], calls: int) -> None:
-    """Add the push of one tenant's messages to `pipe`; its reply tells whether they were refused."""
-    pipe.eval(ENQUEUE, 1, tenant_list(queue, tenant), queue, tenant, calls, *messages)
+def enqueue(pipe: Any, queue: str, tenant: str, messages: Sequence[str], calls: int, once: str | None = None) -> None:
+    """Add the push of one tenant's messages to `pipe`; its reply tells whether they were refused. With
+    `once` (an id unique to this push), the push is made at most once however often the pipeline is sent:
+    a client that retries across a failover would otherwise push again what the promoted replica has."""
+    keys = [tenant_list(queue, tenant)] + ([ENQUEUE_ONCE_PREFIX + once] if once else [])
+    pipe.eval(ENQUEUE, len(keys), *keys, queue, tenant, calls, *messages)
 
 
 def refused_limit(reply: Any) -> int | None:
