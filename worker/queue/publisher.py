@@ -10,29 +10,39 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import errors
 from worker.connections import NotReplicated, execute_replicated
-from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
+from worker.constants import RESULT_KEY_PREFIX
 from worker.envelope import ToolResult, valid_text
 from worker.protocol import result_meta
 from worker.settings import get_settings
 
 log = structlog.get_logger("toolworker.publisher")
 
-# KEYS: done marker, result key, reply stream (optional). ARGV: meta, ttl, envelope, stream maxlen.
-# SET NX on the marker makes a redelivered call's second publication a no-op.
+# One script for every result of a flush. ARGV[1]: ttl, ARGV[2]: stream maxlen; then per result i, KEYS[2i-1]:
+# its result key, KEYS[2i]: its reply stream ('' for none), ARGV[2i+1]: its Celery meta, ARGV[2i+2]: its
+# envelope. Returns per result 1 (published), 0 (published before: SET NX on the result key makes a
+# redelivered call's second publication a no-op) or the error its stream gave (a replyTo key that is no
+# stream: the result is stored and announced all the same). A stream's expiry is pushed back once a flush.
 _PUBLISH = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then return 0 end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
-redis.call('PUBLISH', KEYS[2], ARGV[1])
-if KEYS[3] then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'envelope', ARGV[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
+local ttl, maxlen, out, streams = ARGV[1], ARGV[2], {}, {}
+for i = 1, #KEYS / 2 do
+  local key, stream, meta = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i + 1]
+  out[i] = 0
+  if redis.call('SET', key, meta, 'NX', 'EX', ttl) then
+    out[i] = 1
+    redis.call('PUBLISH', key, meta)
+    if stream ~= '' then
+      local added = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'envelope', ARGV[2 * i + 2])
+      if type(added) == 'table' and added.err then out[i] = added.err else streams[stream] = true end
+    end
+  end
 end
-return 1
+for stream in pairs(streams) do redis.call('EXPIRE', stream, ttl) end
+return out
 """
 _PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()  # loaded into the server on its first NOSCRIPT
 # What a failover does to a publication under way: the connection cut (redis-py's asyncio connection, its
@@ -43,7 +53,8 @@ _RETRY_PAUSE_S = 0.5
 
 
 class Publisher:
-    """Stores and announces envelopes: the result key, its channel, the done marker, the reply stream."""
+    """Stores and announces envelopes: the result key (its presence is the done mark), its channel, the reply
+    stream."""
 
     def __init__(self, client: aioredis.Redis, ttl_s: int, stream_maxlen: int) -> None:
         self.client = client
@@ -78,8 +89,11 @@ class Publisher:
         """The calls of this list whose result was published already (a redelivered message)."""
         if not call_ids:
             return set()
-        flags = await self.client.mget([DONE_KEY_PREFIX + valid_text(c) for c in call_ids])
-        return {c for c, flag in zip(call_ids, flags, strict=True) if flag is not None}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for call_id in call_ids:
+                pipe.exists(RESULT_KEY_PREFIX + valid_text(call_id))
+            flags = await pipe.execute()
+        return {c for c, flag in zip(call_ids, flags, strict=True) if flag}
 
     async def publish(self, results: list[tuple[ToolResult, str | None]]) -> list[bool]:
         """Publish (envelope, replyTo) pairs in one round trip; False where already published. Raises the
@@ -104,33 +118,37 @@ class Publisher:
                 await asyncio.sleep(_RETRY_PAUSE_S)
 
     async def _sent_once(self, results: list[tuple[ToolResult, str | None]]) -> list[Any]:
-        """Each pair's outcome (1, 0 or the error its script met): one pair's failure (a replyTo key that
+        """Each pair's outcome (1, 0 or the error its stream gave): one pair's failure (a replyTo key that
         is no stream) is its own. Raises when the round trip itself failed."""
-        calls = [self._script_call(result, reply_to) for result, reply_to in results]
-        outcomes = await self._evalsha(calls)
-        unloaded = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, NoScriptError)]
-        if unloaded:  # a new or flushed server: those scripts did not run, so running them again is safe
+        keys: list[str] = []
+        args: list[Any] = [self._ttl_s, self._stream_maxlen]
+        for result, reply_to in results:
+            item_keys, item_args = self._item(result, reply_to)
+            keys += item_keys
+            args += item_args
+        reply = await self._evalsha(keys, args)
+        if isinstance(reply, NoScriptError):  # a new or flushed server: the script did not run, so run it again
             await self.client.script_load(_PUBLISH)
-            for i, outcome in zip(unloaded, await self._evalsha([calls[i] for i in unloaded]), strict=True):
-                outcomes[i] = outcome
-        return outcomes
+            reply = await self._evalsha(keys, args)
+        if isinstance(reply, Exception):
+            return [reply] * len(results)
+        return [ResponseError(o.decode(errors="replace")) if isinstance(o, bytes) else o for o in reply]
 
-    def _script_call(self, result: ToolResult, reply_to: str | None) -> list[Any]:
+    def _item(self, result: ToolResult, reply_to: str | None) -> tuple[list[str], list[Any]]:
+        """One result's keys and arguments in the publication script."""
         envelope = _serialized(result)
         call_id = valid_text(result.call_id)  # as the envelope names it
-        keys = [DONE_KEY_PREFIX + call_id, RESULT_KEY_PREFIX + call_id]
-        if reply_to:
-            keys.append(valid_text(reply_to))
-        return [len(keys), *keys, result_meta(call_id, envelope), self._ttl_s, envelope, self._stream_maxlen]
+        keys = [RESULT_KEY_PREFIX + call_id, valid_text(reply_to) if reply_to else ""]
+        return keys, [result_meta(call_id, envelope), envelope]
 
-    async def _evalsha(self, calls: list[list[Any]]) -> list[Any]:
-        # EVALSHA on a plain pipeline: redis-py's Script objects would send SCRIPT EXISTS every time.
+    async def _evalsha(self, keys: list[str], args: list[Any]) -> Any:
+        """The script's reply, or the error it met. EVALSHA on a plain pipeline: redis-py's Script objects
+        would send SCRIPT EXISTS every time."""
         async with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                pipe.evalsha(_PUBLISH_SHA, *call)
-            # With MIN_REPLICAS, on that many replicas; each call's own outcome, an error included.
-            outcomes = await execute_replicated(pipe, raise_on_error=False)
-        return outcomes
+            pipe.evalsha(_PUBLISH_SHA, len(keys), *keys, *args)
+            # With MIN_REPLICAS, on that many replicas; the script's own error is its reply.
+            (reply,) = await execute_replicated(pipe, raise_on_error=False)
+        return reply
 
 
 def _serialized(result: ToolResult) -> str:
