@@ -30,7 +30,7 @@ from worker.connections import connect
 from worker.dev.embedded import EmbeddedRedis
 from worker.queue import broker
 from worker.queue.broker import process_holdings
-from worker.queue.leases import Leases, inflight_key
+from worker.queue.leases import Leases, inflight_key, redelivered
 
 # The issue's bound on the outage: a new call is answered within 15 s of the primary's crash.
 NEW_CALL_BUDGET_S = 15.0
@@ -66,7 +66,8 @@ def test_a_command_cut_by_the_crash_is_retried_on_the_promoted_primary(sentinel_
 @pytest.mark.parametrize("requeue", [True, False])
 def test_a_settlement_cut_by_a_crash_is_made_good_by_the_reconcile(redis_server: EmbeddedRedis, requeue: bool) -> None:
     """A reject with requeue that Redis never got (its call has no published result) is put back on
-    its queue by the next reconcile; an acknowledgement that Redis never got is only removed."""
+    its queue by the next reconcile, marked redelivered (the done check applies); an acknowledgement that
+    Redis never got is only removed."""
     client = redis.Redis.from_url(redis_server.url)
     leases = Leases(client, LEASE_S, "unacked", "unacked_index")
     raw = json.dumps({"properties": {"delivery_tag": f"tag-{uuid.uuid4().hex}"}, "body": "call"}).encode()
@@ -80,7 +81,9 @@ def test_a_settlement_cut_by_a_crash_is_made_good_by_the_reconcile(redis_server:
         with pytest.raises(RedisConnectionError), broker._settling(tag, requeue):
             raise RedisConnectionError("the primary died")
         leases.reconcile(holdings.snapshot)
-        assert (client.lrange(queue, 0, -1), client.llen(inflight)) == (([raw] if requeue else []), 0)
+        marked = redelivered(raw)
+        back = [marked.encode() if isinstance(marked, str) else marked] if requeue else []
+        assert (client.lrange(queue, 0, -1), client.llen(inflight)) == (back, 0)
     finally:
         client.close()
 
