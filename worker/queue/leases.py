@@ -134,6 +134,7 @@ class Leases:
         self._quiet_until = 0.0  # after losing Redis, others get the grace to renew before a sweep
         self._primary: tuple[str, float] = ("", 0.0)  # replication ID of the primary, since when (its clock)
         self._primary_age_s = 0.0
+        self._renewed = False
 
     def start(self) -> None:
         self.renew()
@@ -141,17 +142,24 @@ class Leases:
         self._thread.start()
 
     def renew(self) -> None:
+        """The lease renewed; the primary's age by its own clock, read (TIME) only while it may matter: a
+        primary never promoted needs none (as at the last renewal, the usual case: one command less)."""
+        timed = self._primary_age_s != float("inf") or not self._renewed
         with self.client.pipeline(transaction=False) as pipe:
             pipe.set(LEASE_PREFIX + self.holder, "1", px=int(self.lease_s * 1000))
             pipe.sadd(HOLDERS_KEY, self.holder)
             pipe.info("replication")
-            pipe.time()
-            *_, info, (seconds, micros) = pipe.execute()
-        now_s = seconds + micros / 1e6
+            if timed:
+                pipe.time()
+            replies = pipe.execute()
+        self._renewed = True
+        info = replies[2]
         if int(info.get("second_repl_offset", -1)) < 0:  # never promoted: no failover to wait out
             self._primary_age_s = float("inf")
-        else:
-            self._primary_age_s = now_s - self._primary_since(str(info.get("master_replid")), now_s)
+            return
+        seconds, micros = replies[3] if timed else self.client.time()  # promoted since the last renewal
+        now_s = seconds + micros / 1e6
+        self._primary_age_s = now_s - self._primary_since(str(info.get("master_replid")), now_s)
 
     def _primary_since(self, replid: str, now_s: float) -> float:
         """Since when (by its clock) this primary has been one: recorded by the first holder to renew on it."""

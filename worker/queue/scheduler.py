@@ -132,9 +132,12 @@ local function rotate(q, ring, t)
   end_turn(q, t)
 end
 
+local members = {}  -- queue -> how many tenants its ring holds, as this script left it
+
 local function leave(q, ring, t, deficit)
   if t == DEFAULT then return rotate(q, ring, t) end
   redis.call('ZREM', ring, t)
+  members[q] = members[q] - 1
   if deficit then redis.call('HDEL', DEFICIT .. q, t) end
   end_turn(q, t)
 end
@@ -203,7 +206,7 @@ local function turn(q, ring, t, force, looked)  -- looked: the default tenant al
       turns[q] = t
     end
   end
-  if named and redis.call('LLEN', q) == 0 and (more or redis.call('ZCARD', ring) > 1) then
+  if named and (more or members[q] > 1) and redis.call('LLEN', q) == 0 then
     redis.call('LPUSH', q, WAKE)  -- more named work: wake an idle worker
   end
   return 'taken', src, item
@@ -213,6 +216,7 @@ local function serve(q)
   local ring = RING .. q
   redis.call('ZADD', ring, 'NX', 0, DEFAULT)
   local size = redis.call('ZCARD', ring)
+  members[q] = size
   if size == 1 then  -- no named tenant has work: the default tenant's lists alone, if they hold any
     if redis.call('EXISTS', unpack(default_lists(q))) == 0 then return nil end
     local outcome, src, item = turn(q, ring, DEFAULT, true, true)
@@ -242,7 +246,7 @@ end
 for _, q in ipairs(KEYS) do
   local taken = serve(q)
   if taken then
-    local more = #KEYS > 1 or redis.call('ZCARD', RING .. q) > 1 or redis.call('EXISTS', unpack(default_lists(q))) > 0
+    local more = #KEYS > 1 or members[q] > 1 or redis.call('EXISTS', unpack(default_lists(q))) > 0
     taken[3] = more and 1 or 0
     return taken
   end
