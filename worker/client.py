@@ -58,6 +58,8 @@ _LINGER_S = 0.001
 _READ_COUNT = 1000
 # A blocked XREAD answers within _READ_BLOCK_MS: a socket silent for longer is a Redis gone away.
 _READ_SOCKET_TIMEOUT_S = _READ_BLOCK_MS / 1000 + 5
+# Envelopes read are trimmed off the reply stream once this many are there (one command for many calls).
+_TRIM_EVERY = 64
 # The synchronous client's last resort, should the loop itself not answer (the async code bounds every wait).
 _SYNC_GUARD_S = 5.0
 # What a lost Redis looks like from redis-py and from a bounded wait.
@@ -290,7 +292,7 @@ class AsyncToolClient:
             self._reader = asyncio.get_running_loop().create_task(self._read_replies())
 
     async def _read_replies(self) -> None:
-        last_id = "0-0"
+        last_id, read_kept = "0-0", 0
         while not self._closing:
             try:
                 answer: Any = await self._reader_redis.xread(
@@ -304,10 +306,11 @@ class AsyncToolClient:
             self._read_error = None
             for _stream, entries in answer or []:
                 for entry_id, fields in entries:
-                    last_id = entry_id
+                    last_id, read_kept = entry_id, read_kept + 1
                     self._deliver(json.loads(fields[b"envelope"]))
-            if answer:
+            if read_kept >= _TRIM_EVERY:  # what was read leaves the stream, a few dozen at a time
                 await self._reader_redis.xtrim(self.reply_stream, minid=last_id, approximate=False)
+                read_kept = 0
 
     def _deliver(self, envelope: dict[str, Any]) -> None:
         future = self._waiting.get(str(envelope.get("callId")))
