@@ -17,7 +17,8 @@ parameters it was opened with, so a call finishing after the outage is acknowled
 
 kombu also builds a new redis-py client for every acknowledgement, unacked-index update and task event
 (``conn_or_acquire``); building one costs more than the command it sends. A channel here keeps one client
-per connection pool (redis-py clients are safe to share between threads).
+per connection pool (redis-py clients are safe to share between threads). kombu's unacked records are not
+written at all (``QoS``): the in-flight lists hold the same messages.
 
 **What a process holds, and what Redis says it holds.** A take or an acknowledgement whose reply is lost
 (Redis killed after it wrote the command to its append-only file, before the reply left) leaves the two
@@ -30,6 +31,18 @@ reconciles: an in-flight entry
 the process does not hold goes back to its queue, unless the process settled it, and then it is only
 removed (``Leases.reconcile``). Nothing is taken meanwhile, and an acknowledgement removes the entry before
 it leaves the account, so an entry reconciled away is never one a call still runs on.
+
+**A take the replicas did not confirm** (with ``TOOLWORKER_REDIS_MIN_REPLICAS``, a ``WAIT`` follows every
+take in the same round trip) is held, not run: neither delivered nor put back, and counted as held by the
+reconcile. Before anything else is taken, the channel asks the primary (the promoted one, after a failover)
+whether the message is still in this holder's in-flight list, with a write and a ``WAIT`` after it
+(``_TAKE_STANDS``): there and on the replicas, the call runs; not there (the promoted replica never had the
+take: the message is back on its queue, or another worker has it), the copy is dropped; not yet on the
+replicas, the question is asked again.
+
+An idle channel waits on its queue's list (``BLMOVE``, which takes nothing): a take that leaves the queue
+empty says so, and the next poll waits at once; a wait that runs out is followed by another, with a take
+only every third (scheduler.py's docstring).
 
 **Items that are not transport messages** (not JSON, not an object, no ``properties``, over
 ``TOOLWORKER_MAX_MESSAGE_BYTES``) never reach kombu, which would stop the consumer on them: they are

@@ -18,7 +18,9 @@ with work is kept in step with the lists by the scripts that push and take:
 The take (TAKE, one EVAL) serves the tenant at the head of the ring: at the start of its turn it is given
 `weight x QUANTUM_CALLS` calls; it takes the oldest message while it has calls left (a batch counts its
 calls, from the CALLS_HEADER), then goes to the back of the ring, carrying what it overdrew into its next
-turn. A tenant whose list is empty leaves the ring; one at its max_in_flight is passed over (its calls wait).
+turn. A tenant whose list a take empties leaves the ring at once (and one found empty at its turn); one at
+its max_in_flight is passed over (its calls wait). While no named tenant has work, the take only looks at
+the default tenant's lists (three commands when they are empty). Its reply says whether anything is left.
 The message is moved into the holder's in-flight list in the same script (take and record stay one step).
 When every tenant with work owes calls, the first of them is served anyway: the take never idles with work.
 
