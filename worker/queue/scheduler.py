@@ -29,7 +29,7 @@ returns once the list is not empty; a push to a named tenant's list into an empt
 wake-up item (WAKE) there, which takes drop. So an idle fleet answers a tenant's call at once.
 
 The in-flight count goes down where a taken message leaves its in-flight list: the acknowledgement
-(`release`, in kombu's pipeline) and a hand-back (`requeued`: lease recovery, kombu's restore). The scripts
+(`settle`: RELEASE with the LREM, one script) and a hand-back (`requeued`: lease recovery, kombu's restore). The scripts
 build the tenants' keys from their names rather than taking them as KEYS: one server or Sentinel, as the
 broker already requires (Redis Cluster is no Celery broker).
 """
