@@ -306,11 +306,11 @@ def check(title: str, phase: Phase, client: CountingClient, fleet: Fleet, budget
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Fleet) -> None:
+def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Fleet, upstream: Upstream) -> None:
     """kill -9 of the primary while 3,000 calls stream (TOOLWORKER_REDIS_MIN_REPLICAS=1), then, once it is back
     as a replica, a kill of the new primary that fails over back to it, with 3,000 more: every call whose
-    submit returned is answered exactly once, and a new call within 15 s of each kill, by a client and by
-    the gateway (its /healthz 200 again)."""
+    submit returned is answered exactly once and reached the upstream once, and a new call within 15 s of
+    each kill, by a client and by the gateway (its /healthz 200 again)."""
     cluster = sentinel_fleet.cluster
     first = cluster.server(cluster.primary_port())
 
@@ -330,6 +330,9 @@ def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Flee
     assert cluster.primary_port() == first.port
     check("kill -9 of the primary", away, client, sentinel_fleet, NEW_CALL_BUDGET_S)
     check("failing back to the first server", back, client, sentinel_fleet, NEW_CALL_BUDGET_S)
+    receipts = upstream_receipts(upstream, away.acknowledged + back.acknowledged)
+    report("both failovers", upstream_receipts=dict(Counter(receipts.values())))
+    assert {receipts[c] for c in away.acknowledged + back.acknowledged} == {1}
 
 
 def upstream_receipts(upstream: Upstream, call_ids: list[str]) -> Counter[str]:
