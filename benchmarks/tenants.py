@@ -79,7 +79,7 @@ def _throughput(redis_url: str, upstream_url: str, calls: int, name: str, root: 
         for label, tenants in (("one tenant", 1), (f"{MANY_TENANTS} tenants", MANY_TENANTS)):
             names = [f"t{i}" for i in range(tenants)] if fair else ["default"]
             with _commands(redis_url) as counted, pipeline.Meter(pid) as meter:
-                seconds = asyncio.run(_burst(redis_url, calls, names))
+                seconds = asyncio.run(burst(redis_url, calls, names))
             figures[f"{label} calls/s"] = calls / seconds
             figures[f"{label} worker CPU ms/call"] = meter.cpu_s * 1000 / calls
             figures[f"{label} commands/call"] = counted["total"] / calls
@@ -104,7 +104,7 @@ def _commands(redis_url: str) -> Iterator[dict[str, int]]:
         client.close()
 
 
-async def _burst(redis_url: str, calls: int, tenants: list[str]) -> float:
+async def burst(redis_url: str, calls: int, tenants: list[str]) -> float:
     client = AsyncToolClient(redis_url)
     try:
         await client.acall(TOOL, {"i": 0}, timeout=pipeline.START_TIMEOUT_S)  # the reply reader is running

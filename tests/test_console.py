@@ -25,7 +25,7 @@ from tests.support.browser import browser, page, screenshot_dir
 from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from tests.support.waiting import wait_until
-from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, DONE_KEY_PREFIX
+from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, RESULT_KEY_PREFIX
 from worker.dev.embedded import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.integration
@@ -381,7 +381,7 @@ def test_dead_letters_inspect_replay_and_purge(console: ConsoleStack, page: Page
     page.get_by_role("button", name="Replay").click()
     assert f"Replayed {replayed}" in page.locator("[role=status]").inner_text()
     with console.redis() as r:
-        wait_until(lambda: r.exists(DONE_KEY_PREFIX + replayed_call), 30, "the replayed call's envelope")
+        wait_until(lambda: r.exists(RESULT_KEY_PREFIX + replayed_call), 30, "the replayed call's envelope")
         assert replayed not in dead_letter_ids(r)
     again = console.cli("dead-letters", "replay", replayed)
     assert again.returncode == 1 and "no dead letter" in again.stderr
@@ -400,7 +400,7 @@ def test_the_cli_replays_and_purges_by_stable_id(console: ConsoleStack) -> None:
     assert console.cli("dead-letters", "replay", replayed).returncode == 0
     assert console.cli("dead-letters", "purge", purged, "--yes").returncode == 0
     with console.redis() as r:
-        wait_until(lambda: r.exists(DONE_KEY_PREFIX + call_id), 30, "the replayed call's envelope")
+        wait_until(lambda: r.exists(RESULT_KEY_PREFIX + call_id), 30, "the replayed call's envelope")
         ids = dead_letter_ids(r)
     assert replayed not in ids and purged not in ids and kept in ids
     audit = console.cli("audit").stdout

@@ -11,7 +11,7 @@ import fakeredis.aioredis
 import pytest
 from starlette.requests import Request
 
-from worker.constants import DEAD_LETTER_KEY, DONE_KEY_PREFIX
+from worker.constants import DEAD_LETTER_KEY, RESULT_KEY_PREFIX
 from worker.gateway.console.gate import Gate
 from worker.gateway.console.sessions import SESSION_PREFIX, Sessions
 from worker.gateway.identity import Grant, Principal, StaticTokens
@@ -148,7 +148,7 @@ async def test_an_answered_call_is_not_replayed() -> None:
     """A call whose callId already has an envelope is refused, and the item stays for an operator."""
     redis = fakeredis.aioredis.FakeRedis()
     await redis.lpush(DEAD_LETTER_KEY, record([CALL], id="d-2"))
-    await redis.set(DONE_KEY_PREFIX + "c-1", "1")
+    await redis.set(RESULT_KEY_PREFIX + "c-1", "1")
     letters, enqueue = DeadLetters(redis), Enqueued()
     with pytest.raises(NotReplayable, match="already answered"):
         await letters.replay("d-2", enqueue)

@@ -14,7 +14,9 @@ import json
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -22,14 +24,25 @@ import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tests.conftest import Upstream, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import Gateway, auth
-from tests.support.sentinel import CountingClient, Fleet, SentinelCluster, report
-from worker.client import AsyncToolClient
+from tests.support.sentinel import (
+    DEFINITIONS,
+    CountingClient,
+    Fleet,
+    SentinelCluster,
+    redis_server_binary,
+    report,
+)
+from tests.support.servers import DnsServer
+from tests.support.waiting import wait_until
+from worker.client import AsyncToolClient, task_messages
 from worker.connections import connect
+from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
-from worker.queue import broker
+from worker.queue import broker, scheduler
 from worker.queue.broker import process_holdings
-from worker.queue.leases import Leases, inflight_key
+from worker.queue.leases import HOLDERS_KEY, INFLIGHT_PREFIX, Leases, inflight_key, redelivered
 
 # The issue's bound on the outage: a new call is answered within 15 s of the primary's crash.
 NEW_CALL_BUDGET_S = 15.0
@@ -65,7 +78,8 @@ def test_a_command_cut_by_the_crash_is_retried_on_the_promoted_primary(sentinel_
 @pytest.mark.parametrize("requeue", [True, False])
 def test_a_settlement_cut_by_a_crash_is_made_good_by_the_reconcile(redis_server: EmbeddedRedis, requeue: bool) -> None:
     """A reject with requeue that Redis never got (its call has no published result) is put back on
-    its queue by the next reconcile; an acknowledgement that Redis never got is only removed."""
+    its queue by the next reconcile, marked redelivered (the done check applies); an acknowledgement that
+    Redis never got is only removed."""
     client = redis.Redis.from_url(redis_server.url)
     leases = Leases(client, LEASE_S, "unacked", "unacked_index")
     raw = json.dumps({"properties": {"delivery_tag": f"tag-{uuid.uuid4().hex}"}, "body": "call"}).encode()
@@ -79,9 +93,97 @@ def test_a_settlement_cut_by_a_crash_is_made_good_by_the_reconcile(redis_server:
         with pytest.raises(RedisConnectionError), broker._settling(tag, requeue):
             raise RedisConnectionError("the primary died")
         leases.reconcile(holdings.snapshot)
-        assert (client.lrange(queue, 0, -1), client.llen(inflight)) == (([raw] if requeue else []), 0)
+        marked = redelivered(raw)
+        back = [marked.encode() if isinstance(marked, str) else marked] if requeue else []
+        assert (client.lrange(queue, 0, -1), client.llen(inflight)) == (back, 0)
     finally:
         client.close()
+
+
+# --- a take the replicas did not confirm: held, then run or dropped as the primary says ----------------------
+
+
+@pytest.fixture
+def lagging_pair(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) -> Iterator[tuple[SentinelCluster, Path]]:
+    """A primary and one replica (no Sentinels), and a worker on the primary with MIN_REPLICAS=1 and a WAIT
+    of 0.3 s; its log's path."""
+    cluster = SentinelCluster(redis_server_binary(), tmp_path / "pair").start_servers(replicas=1)
+    env = worker_env(f"redis://127.0.0.1:{cluster.servers[0].port}/0", upstream.url, dns_server.address, DEFINITIONS)
+    env.update(TOOLWORKER_REDIS_MIN_REPLICAS="1", TOOLWORKER_REDIS_MIN_REPLICAS_TIMEOUT_SECONDS="0.3")
+    log = tmp_path / "worker.log"
+    worker = start_worker(env, log)
+    try:
+        yield cluster, log
+    finally:
+        stop_worker(worker)
+        cluster.stop()
+
+
+def enqueue(r: redis.Redis, item: str, stream: str) -> str:
+    """One echo_get call pushed as a stock producer would (no WAIT); its callId."""
+    call = {"callId": f"held-{uuid.uuid4().hex[:8]}", "tool": "echo_get", "arguments": {"item": item}}
+    call["replyTo"] = stream
+    r.lpush(DEFAULT_QUEUE, *task_messages([call], DEFAULT_QUEUE, 1))
+    return str(call["callId"])
+
+
+def answered(r: redis.Redis, stream: str) -> list[str]:
+    return [json.loads(fields[b"envelope"])["callId"] for _, fields in r.xrange(stream)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_take_the_replica_has_not_confirmed_runs_only_once_it_has(
+    lagging_pair: tuple[SentinelCluster, Path], upstream: Upstream
+) -> None:
+    """With the replica paused, a call taken is held, not sent upstream; once the replica confirms the
+    take, the call runs, once."""
+    cluster, log = lagging_pair
+    primary, replica = cluster.servers
+    stream, item = f"held:{uuid.uuid4().hex}", f"stands-{uuid.uuid4().hex[:8]}"
+    with primary.client(5.0) as r:
+        wait_until(lambda: r.exists(HOLDERS_KEY), 60, "the worker's lease")
+        cluster.freeze(replica)
+        try:
+            call_id = enqueue(r, item, stream)
+            wait_until(lambda: "held (MIN_REPLICAS)" in log.read_text(), 30, "the take held")
+            assert upstream.state.hits_to(f"/echo/items/{item}") == 0
+        finally:
+            cluster.thaw(replica)
+        wait_until(lambda: answered(r, stream) == [call_id], 30, "the call answered")
+    assert upstream.state.hits_to(f"/echo/items/{item}") == 1
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_take_a_failover_undid_is_dropped_and_the_call_runs_once(
+    lagging_pair: tuple[SentinelCluster, Path], upstream: Upstream
+) -> None:
+    """A held take whose message is back on its queue when the worker asks (what a promoted replica that
+    never got the take holds) is dropped, not run; the call is taken again from the queue and runs once."""
+    cluster, log = lagging_pair
+    primary, replica = cluster.servers
+    stream, item = f"held:{uuid.uuid4().hex}", f"undone-{uuid.uuid4().hex[:8]}"
+    with primary.client(5.0) as r:
+        wait_until(lambda: r.exists(HOLDERS_KEY), 60, "the worker's lease")
+        cluster.freeze(replica)
+        try:
+            call_id = enqueue(r, item, stream)
+            wait_until(lambda: "held (MIN_REPLICAS)" in log.read_text(), 30, "the take held")
+            (inflight,) = list(r.scan_iter(match=INFLIGHT_PREFIX + "*"))
+            (raw,) = r.lrange(inflight, 0, -1)
+            with r.pipeline(transaction=True) as pipe:  # the take undone, as on a replica that never got it
+                pipe.lrem(inflight, 1, raw)
+                pipe.rpush(DEFAULT_QUEUE, raw)
+                scheduler.requeued(pipe, DEFAULT_QUEUE, raw)
+                pipe.execute()
+            # The replica stays paused until the worker has asked since: what it asked before, the paused
+            # replica could not confirm.
+            wait_until(lambda: "undone by a failover: not run" in log.read_text(), 30, "the held copy dropped")
+        finally:
+            cluster.thaw(replica)
+        wait_until(lambda: answered(r, stream) == [call_id], 30, "the call answered")
+    assert upstream.state.hits_to(f"/echo/items/{item}") == 1
 
 
 # --- failover under load: two workers, a gateway and a client on the Sentinel URL, MIN_REPLICAS=1 ---------
@@ -204,11 +306,11 @@ def check(title: str, phase: Phase, client: CountingClient, fleet: Fleet, budget
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Fleet) -> None:
+def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Fleet, upstream: Upstream) -> None:
     """kill -9 of the primary while 3,000 calls stream (TOOLWORKER_REDIS_MIN_REPLICAS=1), then, once it is back
     as a replica, a kill of the new primary that fails over back to it, with 3,000 more: every call whose
-    submit returned is answered exactly once, and a new call within 15 s of each kill, by a client and by
-    the gateway (its /healthz 200 again)."""
+    submit returned is answered exactly once and reached the upstream once, and a new call within 15 s of
+    each kill, by a client and by the gateway (its /healthz 200 again)."""
     cluster = sentinel_fleet.cluster
     first = cluster.server(cluster.primary_port())
 
@@ -228,6 +330,54 @@ def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Flee
     assert cluster.primary_port() == first.port
     check("kill -9 of the primary", away, client, sentinel_fleet, NEW_CALL_BUDGET_S)
     check("failing back to the first server", back, client, sentinel_fleet, NEW_CALL_BUDGET_S)
+    receipts = upstream_receipts(upstream, away.acknowledged + back.acknowledged)
+    report("both failovers", upstream_receipts=dict(Counter(receipts.values())))
+    assert {receipts[c] for c in away.acknowledged + back.acknowledged} == {1}
+
+
+def upstream_receipts(upstream: Upstream, call_ids: list[str]) -> Counter[str]:
+    """How many times the upstream received each of these calls (echo_get's path names the call)."""
+    wanted = set(call_ids)
+    seen = Counter(path.rsplit("/", 1)[-1] for _, path in list(upstream.state.hits) if path.startswith("/echo/items/"))
+    return Counter({call_id: count for call_id, count in seen.items() if call_id in wanted})
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_take_the_lagging_replicas_never_got_does_not_run_twice(sentinel_fleet: Fleet, upstream: Upstream) -> None:
+    """kill -9 of the primary while 3,000 calls stream, its replicas paused (SIGSTOP) for half a second before
+    the kill so that they lag behind its takes: a take the replicas did not confirm is held, not run, and
+    the promoted primary decides it, so no call reaches the upstream twice, and every acknowledged call is
+    answered exactly once."""
+    cluster = sentinel_fleet.cluster
+    primary = cluster.server(cluster.primary_port())
+    replicas = [node for node in cluster.servers if node is not primary]
+
+    def lagging_crash() -> float:
+        for node in replicas:
+            cluster.freeze(node)
+        try:
+            time.sleep(0.5)  # the lag itself: the replicas miss half a second of takes
+            return cluster.crash(primary)
+        finally:
+            for node in replicas:
+                cluster.thaw(node)
+
+    async def scenario() -> tuple[Phase, CountingClient]:
+        client = CountingClient(cluster.url)
+        try:
+            return await through_a_fault(sentinel_fleet, client, lagging_crash, NEW_CALL_BUDGET_S), client
+        finally:
+            await client.aclose()
+
+    phase, client = asyncio.run(scenario())
+    receipts = upstream_receipts(upstream, phase.acknowledged + phase.refused)
+    twice = sorted(call_id for call_id, count in receipts.items() if count > 1)
+    report("lagging replicas, kill -9 of the primary", upstream_receipts=dict(Counter(receipts.values())))
+    check("lagging replicas, kill -9 of the primary", phase, client, sentinel_fleet, NEW_CALL_BUDGET_S)
+    assert twice == [], f"{len(twice)} calls reached the upstream twice, e.g. {twice[:3]}"
+    assert all(receipts[call_id] == 1 for call_id in phase.acknowledged)
 
 
 # A partition is noticed only when a command to the frozen server times out: the outage is longer, and not

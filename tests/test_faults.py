@@ -153,7 +153,7 @@ async def test_redis_restarted_mid_run(
         finally:
             await client.aclose()
         with stack.client() as r:
-            done_markers = len(r.keys("toolcall:done:*")) - 1  # less the warm-up
+            done_markers = len(r.keys("celery-task-meta-*")) - 1  # less the warm-up
     finally:
         await asyncio.to_thread(stack.close)
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from worker.constants import DONE_KEY_PREFIX, REDACTED, RESULT_KEY_PREFIX
+from worker.constants import REDACTED, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
 from worker.protocol import envelope_from_meta, redacted_repr
 from worker.queue.publisher import Publisher
@@ -53,7 +53,7 @@ async def test_publishes_after_the_script_cache_is_flushed(publisher: Publisher)
     await publisher.client.script_flush()
     assert await publisher.publish([(result("b"), STREAM), (result("a"), STREAM)]) == [True, False]
     assert await stream_call_ids(publisher) == ["b"]
-    assert await publisher.client.exists(DONE_KEY_PREFIX + "b") == 1
+    assert await publisher.already_done(["a", "b", "c"]) == {"a", "b"}
 
 
 async def test_results_of_one_tick_share_a_flush(publisher: Publisher, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,8 @@ _LINGER_S = 0.001
 _READ_COUNT = 1000
 # A blocked XREAD answers within _READ_BLOCK_MS: a socket silent for longer is a Redis gone away.
 _READ_SOCKET_TIMEOUT_S = _READ_BLOCK_MS / 1000 + 5
+# Envelopes read are trimmed off the reply stream once this many are there (one command for many calls).
+_TRIM_EVERY = 64
 # The synchronous client's last resort, should the loop itself not answer (the async code bounds every wait).
 _SYNC_GUARD_S = 5.0
 # What a lost Redis looks like from redis-py and from a bounded wait.
@@ -216,10 +218,12 @@ class AsyncToolClient:
         assert sent is not None
         try:
             groups = await self._grouped(messages)
+            # With MIN_REPLICAS the pipeline is sent again after a failover: each push is made once.
+            once = uuid.uuid4().hex if get_settings().redis_min_replicas else None
             async with self._redis.pipeline(transaction=False) as pipe:
-                for (queue, tenant), calls in groups.items():
+                for index, ((queue, tenant), calls) in enumerate(groups.items()):
                     bodies = task_messages(calls, queue, self._batch_size(tenant))
-                    scheduler.enqueue(pipe, queue, tenant, bodies, len(calls))
+                    scheduler.enqueue(pipe, queue, tenant, bodies, len(calls), once and f"{once}:{index}")
                 replies = await execute_replicated(pipe)  # with MIN_REPLICAS, raises NotReplicated on a shortfall
         except Exception as exc:  # every waiting submitter sees the failure
             sent.set_exception(exc)
@@ -321,7 +325,7 @@ class AsyncToolClient:
             self._reader = asyncio.get_running_loop().create_task(self._read_replies())
 
     async def _read_replies(self) -> None:
-        last_id = "0-0"
+        last_id, read_kept = "0-0", 0
         while not self._closing:
             try:
                 answer: Any = await self._reader_redis.xread(
@@ -335,10 +339,11 @@ class AsyncToolClient:
             self._read_error = None
             for _stream, entries in answer or []:
                 for entry_id, fields in entries:
-                    last_id = entry_id
+                    last_id, read_kept = entry_id, read_kept + 1
                     self._deliver(json.loads(fields[b"envelope"]))
-            if answer:
+            if read_kept >= _TRIM_EVERY:  # what was read leaves the stream, a few dozen at a time
                 await self._reader_redis.xtrim(self.reply_stream, minid=last_id, approximate=False)
+                read_kept = 0
 
     def _deliver(self, envelope: dict[str, Any]) -> None:
         future = self._waiting.get(str(envelope.get("callId")))

@@ -17,12 +17,10 @@ TENANT_LIMITS_KEY = "toolworker:tenants:limits"
 OVER_QUOTA_HEADER = "x-toolworker-over-quota"
 
 # Celery's Redis result backend stores results under this prefix and publishes on the same channel. The
-# result keys, done markers (worker/queue/publisher.py) and dead letters (worker/queue/dead_letter.py)
-# are each written and read by one module (dead letters are also written by worker/queue/webhooks.py, for a
-# delivery given up).
+# result keys (worker/queue/publisher.py: a key's presence marks its call answered) and dead letters
+# (worker/queue/dead_letter.py; also written by worker/queue/webhooks.py, for a delivery given up) are each
+# written and read by one module.
 RESULT_KEY_PREFIX = "celery-task-meta-"
-# SET NX on this key before publishing makes result publication exactly-once per callId.
-DONE_KEY_PREFIX = "toolcall:done:"
 DEAD_LETTER_KEY = "toolcall:dead-letter"
 DEAD_LETTER_MAX = 10_000
 # Tool name -> Celery queue, for tools whose upstream has a queue of its own (bulkheads); written and

@@ -104,6 +104,14 @@ class SentinelCluster:
         wait_until(lambda: self._sentinels_see_replicas(replicas), START_TIMEOUT_S, "Sentinels finding the replicas")
         return self
 
+    def start_servers(self, replicas: int = 1) -> SentinelCluster:
+        """A primary and replicas, no Sentinels, taking writes whatever the replicas do (a test then sees
+        what a lagging replica does to takes, on the primary's own URL)."""
+        primary = self._start_server(Node(free_port(), self.root / "server-0"))
+        for index in range(1, replicas + 1):
+            self._start_server(Node(free_port(), self.root / f"server-{index}"), replica_of=primary.port)
+        return self
+
     def stop(self) -> None:
         for node in [*self.sentinels, *self.servers]:
             if node.process is not None and node.process.poll() is None:

@@ -17,7 +17,8 @@ parameters it was opened with, so a call finishing after the outage is acknowled
 
 kombu also builds a new redis-py client for every acknowledgement, unacked-index update and task event
 (``conn_or_acquire``); building one costs more than the command it sends. A channel here keeps one client
-per connection pool (redis-py clients are safe to share between threads).
+per connection pool (redis-py clients are safe to share between threads). kombu's unacked records are not
+written at all (``QoS``): the in-flight lists hold the same messages.
 
 **What a process holds, and what Redis says it holds.** A take or an acknowledgement whose reply is lost
 (Redis killed after it wrote the command to its append-only file, before the reply left) leaves the two
@@ -30,6 +31,18 @@ reconciles: an in-flight entry
 the process does not hold goes back to its queue, unless the process settled it, and then it is only
 removed (``Leases.reconcile``). Nothing is taken meanwhile, and an acknowledgement removes the entry before
 it leaves the account, so an entry reconciled away is never one a call still runs on.
+
+**A take the replicas did not confirm** (with ``TOOLWORKER_REDIS_MIN_REPLICAS``, a ``WAIT`` follows every
+take in the same round trip) is held, not run: neither delivered nor put back, and counted as held by the
+reconcile. Before anything else is taken, the channel asks the primary (the promoted one, after a failover)
+whether the message is still in this holder's in-flight list, with a write and a ``WAIT`` after it
+(``_TAKE_STANDS``): there and on the replicas, the call runs; not there (the promoted replica never had the
+take: the message is back on its queue, or another worker has it), the copy is dropped; not yet on the
+replicas, the question is asked again.
+
+An idle channel waits on its queue's list (``BLMOVE``, which takes nothing): a take that leaves the queue
+empty says so, and the next poll waits at once; a wait that runs out is followed by another, with a take
+only every third (scheduler.py's docstring).
 
 **Items that are not transport messages** (not JSON, not an object, no ``properties``, over
 ``TOOLWORKER_MAX_MESSAGE_BYTES``) never reach kombu, which would stop the consumer on them: they are
@@ -68,7 +81,7 @@ from worker.connections import SentinelPool, parse_sentinel_url, sync_client
 from worker.constants import DEFAULT_TENANT
 from worker.queue import scheduler
 from worker.queue.dead_letter import refuse_item, refuse_oversize
-from worker.queue.leases import Leases, inflight_key
+from worker.queue.leases import LEASE_PREFIX, Leases, inflight_key
 from worker.settings import get_settings
 
 # A test hook: seconds to wait between taking a message and handing it to the consumer, so that a test
@@ -104,6 +117,7 @@ class Holdings:
         self._lock = threading.Lock()
         self._delivered: dict[str, tuple[str, bytes]] = {}  # delivery tag -> (in-flight list, message)
         self._unconfirmed: set[tuple[str, bytes]] = set()  # settled here; Redis may still hold them
+        self._untrusted: dict[tuple[str, bytes], None] = {}  # taken; the replicas did not confirm it: not run
         self.stale = False  # a settlement failed: reconcile before the next take
 
     def hold(self, tag: str, inflight: str, raw: bytes) -> None:
@@ -134,10 +148,27 @@ class Holdings:
             self._unconfirmed.add((inflight, raw))
             self.stale = True
 
-    def snapshot(self) -> tuple[set[bytes], set[bytes]]:
-        """The messages held, and those settled but perhaps still in an in-flight list."""
+    def untrusted(self, inflight: str, raw: bytes) -> None:
+        """A message taken whose take the replicas did not confirm (MIN_REPLICAS): held, not run, until the
+        primary (the new one after a failover) says whether the take stands."""
         with self._lock:
-            return {raw for _, raw in self._delivered.values()}, {raw for _, raw in self._unconfirmed}
+            self._untrusted[(inflight, raw)] = None
+
+    def next_untrusted(self) -> tuple[str, bytes] | None:
+        with self._lock:
+            return next(iter(self._untrusted), None)
+
+    def decided(self, inflight: str, raw: bytes) -> None:
+        """An untrusted take decided: it stands (it is delivered now) or it does not (the copy is dropped)."""
+        with self._lock:
+            self._untrusted.pop((inflight, raw), None)
+
+    def snapshot(self) -> tuple[set[bytes], set[bytes]]:
+        """The messages held (untrusted takes included), and those settled but perhaps still in an in-flight
+        list."""
+        with self._lock:
+            held = {raw for _, raw in self._delivered.values()} | {raw for _, raw in self._untrusted}
+            return held, {raw for _, raw in self._unconfirmed}
 
     def reconciled(self, settled: set[bytes]) -> None:
         with self._lock:
@@ -165,6 +196,10 @@ def process_holdings() -> Holdings:
 # it looks again, instead of waiting on a list that is not empty.
 _NAP_S = 0.05
 _NAP_KEY = "toolworker:tenants:nap"  # never pushed: a wait on it is a pause on the connection
+# An idle worker's wait on its queue's list ends when anything is pushed there (a named tenant's push and a
+# release of a capped tenant's calls push a wake-up): a wait that ran out is followed by another, and only
+# every third by a look at every list (a stock producer's priority lists are not waited on).
+_LOOK_EVERY_WAITS = 3
 
 
 # Pops the head of an in-flight list if it is the item with this SHA-1 (Redis computes it; the item is not
@@ -179,16 +214,40 @@ return 0
 """
 
 
+# Whether a take held back (its WAIT fell short) stands: 1 if the item is still in this holder's in-flight
+# list, after a write (the holder's lease renewed) that a WAIT sent next covers, and with it the take.
+# KEYS[1]: the in-flight list, KEYS[2]: the holder's lease. ARGV[1]: the item, ARGV[2]: the lease in ms.
+_TAKE_STANDS = """
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return 1
+"""
+
+
 class QoS(kombu_redis.QoS):
     """kombu's, with every settlement (ack, reject, restore) removing the message from the in-flight list in
-    the same round trip, and recorded in the process's holdings whether or not Redis answered."""
+    the same round trip, and recorded in the process's holdings whether or not Redis answered.
+
+    kombu's own records of a delivered message (its `unacked` hash and index, written at delivery, removed
+    at settlement, swept after the visibility timeout) are not kept: the in-flight list, written by the
+    take itself, holds every message they would, and leases hand a dead holder's back in seconds. That is
+    six commands a message less, and no sweep while idle. (Records an older worker left are still removed
+    when their message is settled or restored here.)"""
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        virtual.QoS.append(self, message, delivery_tag)  # in memory only
+
+    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing is recorded for the visibility timeout to restore (leases do it)."""
 
     def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
-        pipe = super()._remove_from_indices(delivery_tag, pipe)
         entry = process_holdings().entry(bytes_to_str(delivery_tag))
-        if entry is not None:
-            pipe.lrem(entry[0], 1, entry[1])
-            scheduler.release(pipe, self.channel.source_of(entry[0]), entry[1])
+        if entry is None:  # not taken by this process's take: kombu's records may hold it
+            return super()._remove_from_indices(delivery_tag, pipe)
+        if pipe is None:  # not kombu's transaction: the script is one step
+            with self.channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+        scheduler.settle(pipe, entry[0], self.channel.source_of(entry[0]), entry[1])
         return pipe
 
     def ack(self, delivery_tag: str) -> None:
@@ -268,6 +327,9 @@ class Channel(kombu_redis.Channel):
     _nap = False  # woken for nothing: pause before looking again
     _reconciled_on: Any = None  # the socket of the take connection when this channel last reconciled
     _take_waits = 0  # a WAIT for this many replicas follows the take on the wire (MIN_REPLICAS)
+    _deciding: tuple[str, bytes] | None = None  # a held take whose fate is asked on the wire
+    _lone_wait = False  # the wait on the wire is on the only queue's own list
+    _quiet_waits = 0  # waits in a row that ran out
     _in_poll: Any
     _brpop_sent_at: Any
 
@@ -329,12 +391,17 @@ class Channel(kombu_redis.Channel):
         if connection._sock is not self._reconciled_on or process_holdings().stale:
             self._reconcile(leases)  # a new socket: a take or an ack may have been lost with the old one
             self._reconciled_on = connection._sock
+        untrusted = process_holdings().next_untrusted()
+        if untrusted is not None:  # decided before anything else is taken
+            self._ask_whether_take_stands(leases, untrusted)
+            return
         if self._wait_next:
             wait_s = self.brpop_timeout if timeout is None else timeout
             if len(queues) > 1:
                 wait_s = min(wait_s, _MULTI_QUEUE_WAIT_S)
                 self._queue_cycle.rotate(queues[0])  # the next wait is on the next queue
             key, wait_s = (_NAP_KEY, _NAP_S) if self._nap else (self._q_for_pri(queues[0], 0), wait_s)
+            self._lone_wait = len(queues) == 1 and not self._nap
             # A list moved onto itself, right to right: returns once it is not empty, and takes nothing.
             command: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", wait_s or 0]
         else:
@@ -349,6 +416,43 @@ class Channel(kombu_redis.Channel):
             timeout_ms = int(get_settings().redis_min_replicas_timeout_seconds * 1000)
             commands.append(["WAIT", self._take_waits, timeout_ms])
         connection.send_packed_command(connection.pack_commands(commands))
+
+    def _ask_whether_take_stands(self, leases: Leases, entry: tuple[str, bytes]) -> None:
+        """Send _TAKE_STANDS for a take the replicas did not confirm, and a WAIT for them after it."""
+        inflight, raw = entry
+        settings = get_settings()
+        lease_key, lease_ms = LEASE_PREFIX + leases.holder, int(leases.lease_s * 1000)
+        timeout_ms = int(settings.redis_min_replicas_timeout_seconds * 1000)
+        commands: list[list[Any]] = [
+            ["EVAL", _TAKE_STANDS, 2, inflight, lease_key, raw, lease_ms],
+            ["WAIT", settings.redis_min_replicas, timeout_ms],
+        ]
+        connection = self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self._deciding = entry
+        connection.send_packed_command(connection.pack_commands(commands))
+
+    def _read_decision(self, entry: tuple[str, bytes], **options: Any) -> bool:
+        """Run a held take that stands once the replicas hold it; drop the copy of one that does not (the
+        promoted primary never had it: it is back on its queue, or another worker's); ask again later
+        while the replicas have not confirmed."""
+        connection, holdings = self.client.connection, process_holdings()
+        try:
+            stands = self.client.parse_response(connection, "EVAL", **options)
+        except redis.ResponseError as exc:
+            self.client.parse_response(connection, "WAIT")
+            kombu_redis.logger.warning("Could not ask whether a held take stands: %s", exc)
+            raise Empty() from exc
+        acked = self.client.parse_response(connection, "WAIT")
+        if not stands:
+            holdings.decided(*entry)
+            kombu_redis.logger.warning("A take the replicas never confirmed was undone by a failover: not run")
+            raise Empty()
+        if acked < get_settings().redis_min_replicas:
+            raise Empty()  # still not on the replicas: held, and asked again
+        holdings.decided(*entry)
+        self._deliver_taken(self.source_of(entry[0]), entry[1])
+        return True
 
     def _reconcile(self, leases: Leases) -> None:
         """Make this holder's in-flight lists what the process holds (no take is outstanding here)."""
@@ -369,41 +473,62 @@ class Channel(kombu_redis.Channel):
             self._polled_plainly = False
             result: bool = super()._brpop_read(**options)
             return result
-        waited = self._wait_next
+        waited, deciding, self._deciding = self._wait_next, self._deciding, None
         try:
             try:
+                if deciding is not None:
+                    return self._read_decision(deciding, **options)
                 if waited:
                     reply = self.client.parse_response(self.client.connection, "BLMOVE", **options)
                 else:
-                    reply = self._read_take(**options)
+                    reply, confirmed = self._read_take(**options)
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next poll reconnects
                 raise
-            if waited:  # woken (or the wait ran out): take next
-                self._wait_next, self._woken = False, bool(reply)
+            if waited:  # woken: take next; a lone queue's wait that ran out: wait again, look now and then
+                self._woken, self._quiet_waits = bool(reply), 0 if reply else self._quiet_waits + 1
+                self._wait_next = self._lone_wait and not reply and self._quiet_waits % _LOOK_EVERY_WAITS != 0
+                raise Empty()
+            if reply and not confirmed:  # held: the next poll asks whether the take stands
+                self._wait_next = self._nap = self._woken = False
                 raise Empty()
             self._wait_next, self._nap, self._woken = not reply, not reply and self._woken, False
             if not reply:
                 raise Empty()
+            self._wait_next = len(reply) > 2 and not reply[2]  # nothing left: the next poll waits
             self._deliver_taken(bytes_to_str(reply[0]), reply[1])
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
 
-    def _read_take(self, **options: Any) -> Any:
-        """The take's reply, and WAIT's after it when one was sent (read even when the take failed). A take
-        the replicas did not confirm in time still runs: the call was enqueued durably, and only a failover
-        in the next moments would run it twice."""
+    def _read_take(self, **options: Any) -> tuple[Any, bool]:
+        """The take's reply, and whether the replicas confirmed it (WAIT's reply, read even when the take
+        failed). A take they did not confirm in time, or whose WAIT went with the connection, is held, not
+        run: a failover now would give the promoted primary the message still on its queue."""
         connection = self.client.connection
+        waits, self._take_waits = self._take_waits, 0
         try:
-            return self.client.parse_response(connection, "EVAL", **options)
-        finally:
-            waits, self._take_waits = self._take_waits, 0
+            reply = self.client.parse_response(connection, "EVAL", **options)
+        except BaseException:
             if waits and connection._sock is not None:  # (a connection error has dropped the connection)
-                acked = self.client.parse_response(connection, "WAIT")
-                if acked < waits:
-                    kombu_redis.logger.warning("A take reached %d of %d replicas in time (MIN_REPLICAS)", acked, waits)
+                self.client.parse_response(connection, "WAIT")
+            raise
+        try:
+            acked = self.client.parse_response(connection, "WAIT") if waits else 0
+        except self.connection_errors:
+            if reply:
+                self._hold_untrusted(reply)
+            raise
+        if reply and acked < waits:
+            kombu_redis.logger.warning("A take reached %d of %d replicas in time: held (MIN_REPLICAS)", acked, waits)
+            self._hold_untrusted(reply)
+            return reply, False
+        return reply, True
+
+    def _hold_untrusted(self, reply: Any) -> None:
+        inflight = inflight_key(process_leases(self).holder, bytes_to_str(reply[0]))
+        process_holdings().untrusted(inflight, reply[1])
 
     def source_of(self, inflight: str) -> str:
         """The queue list a message in this process's in-flight list `inflight` was taken from."""

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
-from worker.constants import DEAD_LETTER_KEY, DEFAULT_TENANT, DONE_KEY_PREFIX
+from worker.constants import DEAD_LETTER_KEY, DEFAULT_TENANT, RESULT_KEY_PREFIX
 from worker.protocol import url_origin
 from worker.queue import webhooks
 
@@ -129,7 +129,7 @@ class CallReplayer:
     async def replay(self, letter: DeadLetter, context: ReplayContext) -> str:
         calls: list[dict[str, Any]] = list(letter.entry["calls"])
         ids = [_call_id(call) for call in calls]
-        flags = await context.redis.mget([DONE_KEY_PREFIX + i for i in ids])
+        flags = await context.redis.mget([RESULT_KEY_PREFIX + i for i in ids])
         answered = [i for i, done in zip(ids, flags, strict=True) if done]
         if answered:
             raise NotReplayable(f"already answered: {', '.join(answered)} (a call is answered once)")

@@ -72,8 +72,10 @@ _REDIS_TIMEOUT_S = 2.0
 
 
 # Removes one in-flight entry and, if it was there and ARGV[2] is '1', puts it back at the head of its queue
-# (where the next take finds it); with ARGV[3], the delivery tag, kombu's unacked records of it go too.
-# KEYS: the in-flight list, the queue, kombu's unacked hash and index. ARGV[1]: the entry.
+# (where the next take finds it) as ARGV[4], marked redelivered (it may have run: an acknowledgement the
+# promoted replica never got leaves it here, and the done-key check must apply); with ARGV[3], the delivery
+# tag, kombu's unacked records of it go too. KEYS: the in-flight list, the queue, kombu's unacked hash and
+# index. ARGV[1]: the entry.
 _SETTLE = """
 local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
 if ARGV[3] ~= '' then
@@ -81,7 +83,7 @@ if ARGV[3] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[3])
 end
 if removed == 1 and ARGV[2] == '1' then
-  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('RPUSH', KEYS[2], ARGV[4])
   return 2
 end
 return removed
@@ -132,6 +134,7 @@ class Leases:
         self._quiet_until = 0.0  # after losing Redis, others get the grace to renew before a sweep
         self._primary: tuple[str, float] = ("", 0.0)  # replication ID of the primary, since when (its clock)
         self._primary_age_s = 0.0
+        self._renewed = False
 
     def start(self) -> None:
         self.renew()
@@ -139,17 +142,24 @@ class Leases:
         self._thread.start()
 
     def renew(self) -> None:
+        """The lease renewed; the primary's age by its own clock, read (TIME) only while it may matter: a
+        primary never promoted needs none (as at the last renewal, the usual case: one command less)."""
+        timed = self._primary_age_s != float("inf") or not self._renewed
         with self.client.pipeline(transaction=False) as pipe:
             pipe.set(LEASE_PREFIX + self.holder, "1", px=int(self.lease_s * 1000))
             pipe.sadd(HOLDERS_KEY, self.holder)
             pipe.info("replication")
-            pipe.time()
-            *_, info, (seconds, micros) = pipe.execute()
-        now_s = seconds + micros / 1e6
+            if timed:
+                pipe.time()
+            replies = pipe.execute()
+        self._renewed = True
+        info = replies[2]
         if int(info.get("second_repl_offset", -1)) < 0:  # never promoted: no failover to wait out
             self._primary_age_s = float("inf")
-        else:
-            self._primary_age_s = now_s - self._primary_since(str(info.get("master_replid")), now_s)
+            return
+        seconds, micros = replies[3] if timed else self.client.time()  # promoted since the last renewal
+        now_s = seconds + micros / 1e6
+        self._primary_age_s = now_s - self._primary_since(str(info.get("master_replid")), now_s)
 
     def _primary_since(self, replid: str, now_s: float) -> float:
         """Since when (by its clock) this primary has been one: recorded by the first holder to renew on it."""
@@ -246,7 +256,8 @@ class Leases:
                 tag = delivery_tag(raw) if raw in settled else None
                 source = name[len(prefix) :]
                 keys = [name, source, *self._unacked_keys]
-                outcome = int(settle(keys=keys, args=[raw, "0" if raw in settled else "1", tag or ""]))
+                args = [raw, "0" if raw in settled else "1", tag or "", redelivered(raw)]
+                outcome = int(settle(keys=keys, args=args))
                 self._settled_for_tenant(source, raw, outcome)
                 requeued += outcome == _REQUEUED
         return requeued

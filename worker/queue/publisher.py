@@ -10,36 +10,56 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import errors
-from worker.connections import execute_replicated
-from worker.constants import DONE_KEY_PREFIX, RESULT_KEY_PREFIX
+from worker.connections import NotReplicated, execute_replicated
+from worker.constants import RESULT_KEY_PREFIX
 from worker.envelope import ToolResult, valid_text
 from worker.protocol import result_meta
 from worker.queue.webhooks import DUE_KEY, record_key, webhook_id
+from worker.settings import get_settings
 
 log = structlog.get_logger("toolworker.publisher")
 
-# KEYS: done marker, result key, webhook record, webhook due set, reply stream (optional). ARGV: meta, ttl,
-# envelope, stream maxlen, callback URL ('' for none), webhook-id, now (ms), callId. SET NX on the marker makes a
-# redelivered call's second publication a no-op; a callback's durable record is written in the same step
-# (worker/queue/webhooks.py delivers it).
+# One script for every result of a flush. KEYS[1]: the webhooks' due set; per result i, KEYS[3i-1]: its result
+# key, KEYS[3i]: its reply stream ('' for none), KEYS[3i+1]: its webhook record ('' for none). ARGV[1]: ttl,
+# ARGV[2]: stream maxlen, ARGV[3]: now (ms); per result i, ARGV[5i-1]: its Celery meta, ARGV[5i]: its envelope,
+# ARGV[5i+1]: its callback URL ('' for none), ARGV[5i+2]: its webhook-id, ARGV[5i+3]: its callId. Returns per
+# result 1 (published), 0 (published before: SET NX on the result key makes a redelivered call's second
+# publication a no-op) or the error its stream gave (a replyTo key that is no stream: the result is stored and
+# announced all the same). A callback's durable record is written in the same step (worker/queue/webhooks.py
+# delivers it). A stream's expiry is pushed back once a flush.
 _PUBLISH = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then return 0 end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
-redis.call('PUBLISH', KEYS[2], ARGV[1])
-if KEYS[5] then
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'envelope', ARGV[3])
-  redis.call('EXPIRE', KEYS[5], ARGV[2])
+local ttl, maxlen, now, due, out, streams = ARGV[1], ARGV[2], ARGV[3], KEYS[1], {}, {}
+for i = 1, (#KEYS - 1) / 3 do
+  local key, stream, record = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+  local meta, envelope, url = ARGV[5 * i - 1], ARGV[5 * i], ARGV[5 * i + 1]
+  out[i] = 0
+  if redis.call('SET', key, meta, 'NX', 'EX', ttl) then
+    out[i] = 1
+    redis.call('PUBLISH', key, meta)
+    if url ~= '' then
+      redis.call('HSET', record, 'url', url, 'id', ARGV[5 * i + 2], 'body', envelope, 'first', now, 'attempts', 0)
+      redis.call('ZADD', due, now, ARGV[5 * i + 3])
+    end
+    if stream ~= '' then
+      local added = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'envelope', envelope)
+      if type(added) == 'table' and added.err then out[i] = added.err else streams[stream] = true end
+    end
+  end
 end
-if ARGV[5] ~= '' then
-  redis.call('HSET', KEYS[3], 'url', ARGV[5], 'id', ARGV[6], 'body', ARGV[3], 'first', ARGV[7], 'attempts', 0)
-  redis.call('ZADD', KEYS[4], ARGV[7], ARGV[8])
-end
-return 1
+for stream in pairs(streams) do redis.call('EXPIRE', stream, ttl) end
+return out
 """
 _PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()  # loaded into the server on its first NOSCRIPT
+# What a failover does to a publication under way: the connection cut (redis-py's asyncio connection, its
+# transport aborted mid-write, raises AttributeError), or the promoted primary's replicas not yet there.
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, NotReplicated, AttributeError, OSError)
+_RIDE_FAILOVER_S = 30.0  # a failover is over in seconds; past this the message is handed back as before
+_RETRY_PAUSE_S = 0.5
 
 
 # A result to publish: its envelope, its reply stream, its callback URL.
@@ -47,8 +67,8 @@ Published = tuple[ToolResult, str | None, str | None]
 
 
 class Publisher:
-    """Stores and announces envelopes: the result key, its channel, the done marker, the reply stream, and
-    the webhook record of a call with a callback."""
+    """Stores and announces envelopes: the result key (its presence is the done mark), its channel, the reply
+    stream, and the webhook record of a call with a callback."""
 
     def __init__(
         self, client: aioredis.Redis, ttl_s: int, stream_maxlen: int, on_callback: Callable[[], None] | None = None
@@ -90,8 +110,11 @@ class Publisher:
         """The calls of this list whose result was published already (a redelivered message)."""
         if not call_ids:
             return set()
-        flags = await self.client.mget([DONE_KEY_PREFIX + valid_text(c) for c in call_ids])
-        return {c for c, flag in zip(call_ids, flags, strict=True) if flag is not None}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for call_id in call_ids:
+                pipe.exists(RESULT_KEY_PREFIX + valid_text(call_id))
+            flags = await pipe.execute()
+        return {c for c, flag in zip(call_ids, flags, strict=True) if flag}
 
     async def publish(self, results: list[tuple[ToolResult, str | None]]) -> list[bool]:
         """Publish (envelope, replyTo) pairs in one round trip; False where already published. Raises the
@@ -103,37 +126,53 @@ class Publisher:
         return [bool(o) for o in outcomes]
 
     async def _outcomes(self, results: list[Published]) -> list[Any]:
-        """Each result's outcome (1, 0 or the error its script met): one result's failure (a replyTo key that
-        is no stream) is its own. Raises when the round trip itself failed."""
-        calls = [self._script_call(*published) for published in results]
-        outcomes = await self._evalsha(calls)
-        unloaded = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, NoScriptError)]
-        if unloaded:  # a new or flushed server: those scripts did not run, so running them again is safe
-            await self.client.script_load(_PUBLISH)
-            for i, outcome in zip(unloaded, await self._evalsha([calls[i] for i in unloaded]), strict=True):
-                outcomes[i] = outcome
-        return outcomes
+        """`_sent_once`, sent again while a failover is under way (MIN_REPLICAS): a call that ran keeps its
+        result rather than running again, and the script makes a second publication a no-op."""
+        deadline = time.monotonic() + _RIDE_FAILOVER_S
+        while True:
+            try:
+                return await self._sent_once(results)
+            except _TRANSIENT as exc:
+                if not get_settings().redis_min_replicas or time.monotonic() > deadline:
+                    raise
+                log.warning("result.publish_retried", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+                await asyncio.sleep(_RETRY_PAUSE_S)
 
-    def _script_call(self, result: ToolResult, reply_to: str | None, callback_url: str | None) -> list[Any]:
+    async def _sent_once(self, results: list[Published]) -> list[Any]:
+        """Each result's outcome (1, 0 or the error its stream gave): one result's failure (a replyTo key that
+        is no stream) is its own. Raises when the round trip itself failed."""
+        keys: list[str] = [DUE_KEY]
+        args: list[Any] = [self._ttl_s, self._stream_maxlen, int(time.time() * 1000)]
+        for published in results:
+            item_keys, item_args = self._item(*published)
+            keys += item_keys
+            args += item_args
+        reply = await self._evalsha(keys, args)
+        if isinstance(reply, NoScriptError):  # a new or flushed server: the script did not run, so run it again
+            await self.client.script_load(_PUBLISH)
+            reply = await self._evalsha(keys, args)
+        if isinstance(reply, Exception):
+            return [reply] * len(results)
+        return [ResponseError(o.decode(errors="replace")) if isinstance(o, bytes) else o for o in reply]
+
+    def _item(self, result: ToolResult, reply_to: str | None, callback_url: str | None) -> tuple[list[str], list[Any]]:
+        """One result's keys and arguments in the publication script."""
         envelope = _serialized(result)
         call_id = valid_text(result.call_id)  # as the envelope names it
-        keys = [DONE_KEY_PREFIX + call_id, RESULT_KEY_PREFIX + call_id, record_key(call_id), DUE_KEY]
-        if reply_to:
-            keys.append(valid_text(reply_to))
-        meta = result_meta(call_id, envelope)
-        webhook = (
-            [callback_url, webhook_id(call_id), int(time.time() * 1000), call_id] if callback_url else ["", "", 0, ""]
-        )
-        return [len(keys), *keys, meta, self._ttl_s, envelope, self._stream_maxlen, *webhook]
+        stream = valid_text(reply_to) if reply_to else ""
+        if not callback_url:
+            return [RESULT_KEY_PREFIX + call_id, stream, ""], [result_meta(call_id, envelope), envelope, "", "", ""]
+        keys = [RESULT_KEY_PREFIX + call_id, stream, record_key(call_id)]
+        return keys, [result_meta(call_id, envelope), envelope, callback_url, webhook_id(call_id), call_id]
 
-    async def _evalsha(self, calls: list[list[Any]]) -> list[Any]:
-        # EVALSHA on a plain pipeline: redis-py's Script objects would send SCRIPT EXISTS every time.
+    async def _evalsha(self, keys: list[str], args: list[Any]) -> Any:
+        """The script's reply, or the error it met. EVALSHA on a plain pipeline: redis-py's Script objects
+        would send SCRIPT EXISTS every time."""
         async with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                pipe.evalsha(_PUBLISH_SHA, *call)
-            # With MIN_REPLICAS, on that many replicas; each call's own outcome, an error included.
-            outcomes = await execute_replicated(pipe, raise_on_error=False)
-        return outcomes
+            pipe.evalsha(_PUBLISH_SHA, len(keys), *keys, *args)
+            # With MIN_REPLICAS, on that many replicas; the script's own error is its reply.
+            (reply,) = await execute_replicated(pipe, raise_on_error=False)
+        return reply
 
 
 def _serialized(result: ToolResult) -> str:

@@ -18,7 +18,9 @@ with work is kept in step with the lists by the scripts that push and take:
 The take (TAKE, one EVAL) serves the tenant at the head of the ring: at the start of its turn it is given
 `weight x QUANTUM_CALLS` calls; it takes the oldest message while it has calls left (a batch counts its
 calls, from the CALLS_HEADER), then goes to the back of the ring, carrying what it overdrew into its next
-turn. A tenant whose list is empty leaves the ring; one at its max_in_flight is passed over (its calls wait).
+turn. A tenant whose list a take empties leaves the ring at once (and one found empty at its turn); one at
+its max_in_flight is passed over (its calls wait). While no named tenant has work, the take only looks at
+the default tenant's lists (three commands when they are empty). Its reply says whether anything is left.
 The message is moved into the holder's in-flight list in the same script (take and record stay one step).
 When every tenant with work owes calls, the first of them is served anyway: the take never idles with work.
 
@@ -27,7 +29,7 @@ returns once the list is not empty; a push to a named tenant's list into an empt
 wake-up item (WAKE) there, which takes drop. So an idle fleet answers a tenant's call at once.
 
 The in-flight count goes down where a taken message leaves its in-flight list: the acknowledgement
-(`release`, in kombu's pipeline) and a hand-back (`requeued`: lease recovery, kombu's restore). The scripts
+(`settle`: RELEASE with the LREM, one script) and a hand-back (`requeued`: lease recovery, kombu's restore). The scripts
 build the tenants' keys from their names rather than taking them as KEYS: one server or Sentinel, as the
 broker already requires (Redis Cluster is no Celery broker).
 """
@@ -51,6 +53,9 @@ TURN_PREFIX = "toolworker:tenants:turn:"
 SEQ_PREFIX = "toolworker:tenants:seq:"
 IN_FLIGHT_KEY = "toolworker:tenants:in_flight"
 QUEUED_KEY = "toolworker:tenants:queued"
+# An enqueue's once-key, kept longer than the resilient client retries a command (about a minute).
+ENQUEUE_ONCE_PREFIX = "toolworker:enqueued:"
+ENQUEUE_ONCE_TTL_S = 300
 # A tenant's share of one turn, per unit of weight: the client's largest batch, so that every turn takes
 # at least one message.
 QUANTUM_CALLS = 100
@@ -67,7 +72,8 @@ local RING, SEQ = '$RING', '$SEQ'
 local known = {}
 local function limits(t)
   if not known[t] then
-    local raw = redis.call('HGET', LIMITS, t) or redis.call('HGET', LIMITS, DEFAULT) or '1 0 0'
+    local own = redis.call('HMGET', LIMITS, t, DEFAULT)
+    local raw = own[1] or own[2] or '1 0 0'
     local w, f, q = string.match(raw, '^(%d+) (%d+) (%d+)$')
     known[t] = {tonumber(w) or 1, tonumber(f) or 0, tonumber(q) or 0}
   end
@@ -81,6 +87,8 @@ end
 
 # KEYS: the queues, in the order to serve them. ARGV[1]: the holder's in-flight list prefix; ARGV[2...]:
 # the suffixes of the default tenant's lists, in priority order. Returns {source, message} or nil.
+# A take with no named tenant in a queue's ring and nothing in its default lists costs three commands;
+# a named tenant whose list a take empties leaves the ring at once (not at its next turn).
 TAKE = (
     _COMMON
     + """
@@ -88,8 +96,15 @@ local DEFICIT, TURN, QUANTUM, OVER = '$DEFICIT', '$TURN', $QUANTUM, '$OVER'
 local prefix, suffixes = ARGV[1], {}
 for i = 2, #ARGV do suffixes[#suffixes + 1] = ARGV[i] end
 
-local function oldest(keys)
-  if #keys > 1 and redis.call('EXISTS', unpack(keys)) == 0 then return nil end  -- one look at every priority
+local function default_lists(q)
+  local keys = {}
+  for _, suffix in ipairs(suffixes) do keys[#keys + 1] = q .. suffix end
+  return keys
+end
+
+local function oldest(keys, looked)
+  -- one look at every priority
+  if #keys > 1 and not looked and redis.call('EXISTS', unpack(keys)) == 0 then return nil end
   for _, src in ipairs(keys) do
     local item = redis.call('LINDEX', src, -1)
     while item == WAKE do
@@ -101,23 +116,32 @@ local function oldest(keys)
   return nil
 end
 
+local turns = {}  -- queue -> the tenant whose turn it is (false: none), read once
+local function turn_of(q)
+  if turns[q] == nil then turns[q] = redis.call('GET', TURN .. q) or false end
+  return turns[q]
+end
+
+local function end_turn(q, t)
+  if turn_of(q) == t then
+    redis.call('DEL', TURN .. q)
+    turns[q] = false
+  end
+end
+
 local function rotate(q, ring, t)
   redis.call('ZADD', ring, redis.call('INCR', SEQ .. q), t)
-  if redis.call('GET', TURN .. q) == t then redis.call('DEL', TURN .. q) end
+  end_turn(q, t)
 end
 
-local function leave(q, ring, t)
+local members = {}  -- queue -> how many tenants its ring holds, as this script left it
+
+local function leave(q, ring, t, deficit)
   if t == DEFAULT then return rotate(q, ring, t) end
   redis.call('ZREM', ring, t)
-  redis.call('HDEL', DEFICIT .. q, t)
-  if redis.call('GET', TURN .. q) == t then redis.call('DEL', TURN .. q) end
-end
-
-local function deficit_of(q, t, w)
-  local left = tonumber(redis.call('HGET', DEFICIT .. q, t)) or 0
-  if redis.call('GET', TURN .. q) == t then return left end
-  redis.call('SET', TURN .. q, t)
-  return math.min(left, 0) + w * QUANTUM
+  members[q] = members[q] - 1
+  if deficit then redis.call('HDEL', DEFICIT .. q, t) end
+  end_turn(q, t)
 end
 
 local function over_quota(item, mq)
@@ -129,10 +153,13 @@ end
 
 local function move(src, item, t, mq, named)
   local counted = header_calls(item) or (named and 1 or 0)
-  local queued = tonumber(redis.call('HGET', QUEUED, t)) or 0
-  local waited = math.min(counted, queued)
-  -- Only a positive count: Redis 7.0 refuses the -0 that Lua makes of a zero.
-  if waited > 0 then redis.call('HINCRBY', QUEUED, t, -waited) end
+  local queued = 0
+  if counted > 0 then  -- (a positive count only: Redis 7.0 refuses the -0 that Lua makes of a zero)
+    queued = redis.call('HINCRBY', QUEUED, t, -counted) + counted
+    if queued < counted then redis.call('HSET', QUEUED, t, 0) end  -- never below zero
+  elseif mq > 0 then
+    queued = tonumber(redis.call('HGET', QUEUED, t)) or 0
+  end
   if mq > 0 and queued > mq then
     redis.call('RPOP', src)
     item = over_quota(item, mq)
@@ -143,32 +170,45 @@ local function move(src, item, t, mq, named)
   return item
 end
 
-local function turn(q, ring, t, force)
+local function turn(q, ring, t, force, looked)  -- looked: the default tenant alone, its lists not empty
   local w, f, mq = limits(t)
-  local keys = {}
-  if t == DEFAULT then
-    for _, suffix in ipairs(suffixes) do keys[#keys + 1] = q .. suffix end
-  else
-    keys[1] = q .. TENANT_MARK .. t
-  end
-  local src, item = oldest(keys)
+  local named = t ~= DEFAULT
+  local keys = named and {q .. TENANT_MARK .. t} or default_lists(q)
+  local src, item = oldest(keys, looked)
   if not src then return 'empty' end
   local n = header_calls(item) or 1
   if f > 0 then
     local used = tonumber(redis.call('HGET', IN_FLIGHT, t)) or 0
     if used > 0 and used + n > f then return 'capped' end
   end
-  local left = deficit_of(q, t, w)
+  if looked then  -- the default tenant alone: no turns to keep
+    item = move(src, item, t, mq, false)
+    redis.call('HINCRBY', IN_FLIGHT, t, n)
+    return 'taken', src, item
+  end
+  local stored = redis.call('HGET', DEFICIT .. q, t)
+  local left = tonumber(stored) or 0
+  if turn_of(q) ~= t then left = math.min(left, 0) + w * QUANTUM end  -- a new turn
   if left <= 0 and not force then
     redis.call('HSET', DEFICIT .. q, t, left)
     return 'owing'
   end
-  item = move(src, item, t, mq, t ~= DEFAULT)
+  item = move(src, item, t, mq, named)
   redis.call('HINCRBY', IN_FLIGHT, t, n)
   left = left - n
-  redis.call('HSET', DEFICIT .. q, t, left)
-  if left <= 0 then rotate(q, ring, t) end
-  if t ~= DEFAULT and redis.call('LLEN', q) == 0 and (redis.call('LLEN', src) > 0 or redis.call('ZCARD', ring) > 2) then
+  local more = named and redis.call('LLEN', src) > 0
+  if named and not more then
+    leave(q, ring, t, stored)
+  else
+    redis.call('HSET', DEFICIT .. q, t, left)
+    if left <= 0 then
+      rotate(q, ring, t)
+    elseif turn_of(q) ~= t then
+      redis.call('SET', TURN .. q, t)
+      turns[q] = t
+    end
+  end
+  if named and (more or members[q] > 1) and redis.call('LLEN', q) == 0 then
     redis.call('LPUSH', q, WAKE)  -- more named work: wake an idle worker
   end
   return 'taken', src, item
@@ -177,43 +217,58 @@ end
 local function serve(q)
   local ring = RING .. q
   redis.call('ZADD', ring, 'NX', 0, DEFAULT)
+  local size = redis.call('ZCARD', ring)
+  members[q] = size
+  if size == 1 then  -- no named tenant has work: the default tenant's lists alone, if they hold any
+    if redis.call('EXISTS', unpack(default_lists(q))) == 0 then return nil end
+    local outcome, src, item = turn(q, ring, DEFAULT, true, true)
+    if outcome == 'taken' then return {src, item} end
+    return nil
+  end
   local owing = nil
-  for _ = 1, redis.call('ZCARD', ring) do
+  for _ = 1, size do
     local t = redis.call('ZRANGE', ring, 0, 0)[1]
-    local outcome, src, item = turn(q, ring, t, false)
+    local outcome, src, item = turn(q, ring, t, false, false)
     if outcome == 'taken' then return {src, item} end
     if outcome == 'empty' then
-      leave(q, ring, t)
+      leave(q, ring, t, true)
     else
       if outcome == 'owing' and not owing then owing = t end
       rotate(q, ring, t)
     end
   end
   if owing then
-    local outcome, src, item = turn(q, ring, owing, true)
+    local outcome, src, item = turn(q, ring, owing, true, false)
     if outcome == 'taken' then return {src, item} end
   end
   return nil
 end
 
+-- The third element: 0 when the only queue served has nothing left to take (the next poll waits at once).
 for _, q in ipairs(KEYS) do
   local taken = serve(q)
-  if taken then return taken end
+  if taken then
+    local more = #KEYS > 1 or members[q] > 1 or redis.call('EXISTS', unpack(default_lists(q))) > 0
+    taken[3] = more and 1 or 0
+    return taken
+  end
 end
 return nil
 """
 )
 
-# KEYS[1]: the tenant's list. ARGV: queue, tenant, calls, messages... Returns {1, max_queued} when pushed,
-# {0, max_queued} when the tenant's waiting calls would go over its max_queued (nothing pushed).
+# KEYS[1]: the tenant's list; KEYS[2], when given: the enqueue's once-key (an enqueue sent again after a lost
+# reply finds it and pushes nothing). ARGV: queue, tenant, calls, messages... Returns {1, max_queued} when
+# pushed (or pushed before), {0, max_queued} when the tenant's waiting calls would go over its max_queued
+# (nothing pushed).
 ENQUEUE = (
     _COMMON
     + """
 local q, t, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local _, _, mq = limits(t)
-local queued = tonumber(redis.call('HGET', QUEUED, t)) or 0
-if mq > 0 and queued + n > mq then return {0, mq} end
-for i = 4, #ARGV do redis.call('LPUSH', KEYS[1], ARGV[i]) end
+if mq > 0 and (tonumber(redis.call('HGET', QUEUED, t)) or 0) + n > mq then return {0, mq} end
+if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'EX', $ONCE_TTL) then return {1, mq} end
+for i = 4, #ARGV, 500 do redis.call('LPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 499, #ARGV))) end
 redis.call('HINCRBY', QUEUED, t, n)
 if t ~= DEFAULT then
   local ring = RING .. q
@@ -224,15 +279,20 @@ return {1, mq}
 """
 )
 
-# ARGV: queue, tenant, calls. A named tenant's calls answered: its in-flight count goes down and, if it
-# has calls waiting (it may have been at its max_in_flight), an idle worker is woken.
+# ARGV: queue, tenant, calls[, the message]; KEYS[1], with the message: the in-flight list it leaves. A
+# tenant's calls answered (or handed back): the message leaves the in-flight list, the in-flight count goes
+# down and, for a named tenant with calls waiting (it may have been at its max_in_flight), an idle worker
+# is woken. One step: an acknowledgement is one command on the wire.
 RELEASE = (
     _COMMON
     + """
 local q, t = ARGV[1], ARGV[2]
 local calls = tonumber(ARGV[3])
+if KEYS[1] then redis.call('LREM', KEYS[1], 1, ARGV[4]) end
 if calls ~= 0 then redis.call('HINCRBY', IN_FLIGHT, t, 0 - calls) end
-if redis.call('LLEN', q) == 0 and redis.call('LLEN', q .. TENANT_MARK .. t) > 0 then redis.call('LPUSH', q, WAKE) end
+if t ~= DEFAULT and redis.call('LLEN', q .. TENANT_MARK .. t) > 0 and redis.call('LLEN', q) == 0 then
+  redis.call('LPUSH', q, WAKE)
+end
 """
 )
 
@@ -252,6 +312,7 @@ def _script(text: str) -> str:
         "$QUANTUM": str(QUANTUM_CALLS),
         "$OVER": OVER_QUOTA_HEADER,
         "$CALLS_PATTERN": CALLS_HEADER.replace("-", "%-"),
+        "$ONCE_TTL": str(ENQUEUE_ONCE_TTL_S),
     }
     for name, value in names.items():
         text = text.replace(name, value)
@@ -290,12 +351,18 @@ def take_command(queues: Sequence[str], inflight_prefix: str, suffixes: Sequence
 
 
 def release(pipe: Any, source: str, item: bytes) -> None:
-    """In the acknowledgement's pipeline: the message's calls are no longer in flight."""
+    """In a pipeline that removed the message from its in-flight list: its calls are no longer in flight."""
     queue, tenant = source_of(source)
     if tenant == DEFAULT_TENANT:
         pipe.hincrby(IN_FLIGHT_KEY, tenant, -calls_in(item))
     else:
         pipe.eval(RELEASE, 0, queue, tenant, calls_in(item))
+
+
+def settle(pipe: Any, inflight: str, source: str, item: bytes) -> None:
+    """A settlement's one command: the message out of the in-flight list `inflight`, its calls released."""
+    queue, tenant = source_of(source)
+    pipe.eval(RELEASE, 1, inflight, queue, tenant, calls_in(item), item)
 
 
 def requeued(pipe: Any, source: str, item: bytes, in_flight: bool = True) -> None:
@@ -314,9 +381,12 @@ def requeued(pipe: Any, source: str, item: bytes, in_flight: bool = True) -> Non
         pipe.hincrby(QUEUED_KEY, tenant, queued)
 
 
-def enqueue(pipe: Any, queue: str, tenant: str, messages: Sequence[str], calls: int) -> None:
-    """Add the push of one tenant's messages to `pipe`; its reply tells whether they were refused."""
-    pipe.eval(ENQUEUE, 1, tenant_list(queue, tenant), queue, tenant, calls, *messages)
+def enqueue(pipe: Any, queue: str, tenant: str, messages: Sequence[str], calls: int, once: str | None = None) -> None:
+    """Add the push of one tenant's messages to `pipe`; its reply tells whether they were refused. With
+    `once` (an id unique to this push), the push is made at most once however often the pipeline is sent:
+    a client that retries across a failover would otherwise push again what the promoted replica has."""
+    keys = [tenant_list(queue, tenant)] + ([ENQUEUE_ONCE_PREFIX + once] if once else [])
+    pipe.eval(ENQUEUE, len(keys), *keys, queue, tenant, calls, *messages)
 
 
 def refused_limit(reply: Any) -> int | None:
