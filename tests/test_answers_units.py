@@ -170,3 +170,12 @@ def test_bad_blocks_are_problems(tmp_path: Path, block: str, problem: str) -> No
     toolset = load_toolset([path], {})
     assert "t" not in toolset.tools
     assert any(problem in p.message for p in toolset.problems), [p.message for p in toolset.problems]
+
+
+def test_the_envelope_carries_the_answer_fields_only_where_they_say_something() -> None:
+    """A plain envelope has none of them; a hit from the cache says `cached` and its age, even an age of 0."""
+    plain = ToolResult("c-1", "t").to_dict()
+    assert not {"structuredContent", "truncation", "note", "pages", "next_cursor", "cached", "age"} & set(plain)
+    hit = ToolResult("c-1", "t", cached=True, age=0, structured={"a": 1}).to_dict()
+    assert hit["cached"] is True and hit["age"] == 0 and hit["structuredContent"] == {"a": 1}
+    assert ToolResult.from_dict(hit).age == 0 and ToolResult.from_dict(plain).structured is None

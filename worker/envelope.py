@@ -83,7 +83,7 @@ class ToolResult:
             _CAMEL.get(name, name): dict(value) if isinstance(value, dict) and name != "structured" else value
             for name in _FIELDS
             for value in (getattr(self, name),)
-            if name not in _OPTIONAL or value not in (None, False)
+            if name not in _OPTIONAL or (value is not None and value is not False)  # an age of 0 is said
         }
 
     def to_json(self) -> str:
