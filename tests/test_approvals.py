@@ -318,6 +318,29 @@ def test_an_approved_call_delivered_again_is_not_sent_again(stack: ApprovalStack
     assert stack.hits(f"/echo/delete/{name}") == 1
 
 
+def test_parked_and_decided_calls_leave_no_count_behind(stack: ApprovalStack) -> None:
+    """Once its parked calls are decided and answered, a tenant has nothing waiting, queued or in flight: the
+    counts `toolworker queue` prints (and max_queued limits) are not held by parked calls."""
+    approved = rest_call(stack, "delete_item", item()).json()["callId"]
+    denied = rest_call(stack, "delete_item", item()).json()["callId"]
+    wait_parked(stack, approved)
+    wait_parked(stack, denied)
+    assert decide(stack, approved, "approve").status_code == 200
+    assert decide(stack, denied, "deny", reason="no").status_code == 200
+    assert envelope(stack, approved)["exitCode"] == 0 and envelope(stack, denied)["exitCode"] == 77
+
+    def default_rows() -> list[dict[str, Any]]:
+        argv = [sys.executable, "-m", "worker", "queue", "--format", "json"]
+        done = subprocess.run(argv, env=stack.worker_env, capture_output=True, text=True, timeout=60, check=True)
+        return [row for row in json.loads(done.stdout) if row["tenant"] == "default"]
+
+    wait_until(
+        lambda: all(row["waiting"] == row["queued"] == row["in_flight"] == 0 for row in default_rows()),
+        30,
+        f"no count left behind: {default_rows()}",
+    )
+
+
 # --- queue producers and the command line ------------------------------------------------------------
 
 
