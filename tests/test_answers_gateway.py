@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway, wait_listening
+from tests.support.gateway_stack import Gateway, all_tools, auth, gateway_env, start_gateway, wait_listening
 from tests.support.servers import DnsServer
 from tests.support.shop_app import ShopServer
 from worker.constants import RESULT_KEY_PREFIX
@@ -84,20 +84,11 @@ async def mcp_client(stack: ShopStack, mode: str) -> AsyncIterator[Client]:
         yield client
 
 
-async def listed(client: Client) -> dict[str, object]:
-    tools, cursor = {}, None
-    while True:
-        page = await client.list_tools(cursor=cursor)
-        tools.update({tool.name: tool for tool in page.tools})
-        if (cursor := page.next_cursor) is None:
-            return tools
-
-
 @pytest.mark.parametrize("mode", MODES)
 async def test_output_schemas_from_the_openapi_document(shop_stack: ShopStack, mode: str) -> None:
     """Each imported tool lists its 2xx JSON schema, $refs resolved; an array root is wrapped for older revisions."""
     async with mcp_client(shop_stack, mode) as client:
-        tools = await listed(client)
+        tools = await all_tools(client)
     item = tools["get_item"].output_schema  # type: ignore[attr-defined]
     assert item["type"] == "object" and set(item["required"]) == {"id", "name"}
     page = tools["get_page"].output_schema  # type: ignore[attr-defined]
@@ -116,7 +107,7 @@ async def test_structured_content_conforms_for_the_sdk_client(shop_stack: ShopSt
     """The SDK client validates structuredContent against outputSchema (it raises otherwise) for objects, nested
     $refs and arrays (wrapped as {"items": [...]} before 2026-07-28)."""
     async with mcp_client(shop_stack, mode) as client:
-        await listed(client)  # the client keeps the output schemas it validates with
+        await all_tools(client)  # the client keeps the output schemas it validates with
         item = await client.call_tool("get_item", {"item_id": 4})
         page = await client.call_tool("get_page", {})
         items = await client.call_tool("list_items", {"count": 2})
@@ -132,7 +123,7 @@ async def test_a_body_that_breaks_its_schema_is_text_with_a_note(shop_stack: Sho
     """A body its schema refuses is never a structuredContent the client would reject: a tool error, the text
     and a note saying why."""
     async with mcp_client(shop_stack, mode) as client:
-        await listed(client)
+        await all_tools(client)
         result = await client.call_tool("get_broken", {})
     assert result.is_error is True and result.structured_content is None
     texts = [block.text for block in result.content]  # type: ignore[union-attr]
@@ -165,7 +156,7 @@ async def test_cache_hits_through_the_gateway_without_the_queue(shop_stack: Shop
     call_ids = []
     for mode in MODES:
         async with mcp_client(shop_stack, mode) as client:
-            await listed(client)
+            await all_tools(client)
             hit = await client.call_tool("get_cached", {"item_id": 5})
         meta = hit.meta[CALL_META_KEY]  # type: ignore[index]
         assert hit.is_error is False and meta["cached"] is True and meta["age"] >= 0

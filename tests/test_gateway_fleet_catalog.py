@@ -19,7 +19,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.conftest import start_worker, stop_worker, worker_env
-from tests.support.gateway_stack import Gateway, text_of, wait_listening
+from tests.support.gateway_stack import Gateway, all_tools, text_of, wait_listening
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
@@ -124,15 +124,6 @@ async def mcp_client(gateway: Gateway, mode: str) -> AsyncIterator[Client]:
         Client(streamable_http_client(gateway.url + "/mcp", http_client=http), mode=mode) as client,
     ):
         yield client
-
-
-async def all_tools(client: Client) -> dict[str, object]:
-    tools, cursor = {}, None
-    while True:
-        page = await client.list_tools(cursor=cursor)
-        tools.update({tool.name: tool for tool in page.tools})
-        if (cursor := page.next_cursor) is None:
-            return tools
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from aiohttp import web
+from mcp import Client
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
@@ -163,3 +164,13 @@ def gateway_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactor
 
 
 __all__ = ["SECRET_TOKEN", "Gateway", "Stack", "auth", "gateway_stack", "start_gateway", "text_of"]
+
+
+async def all_tools(client: Client) -> dict[str, object]:
+    """Every tool `tools/list` gives, page after page, by name."""
+    tools, cursor = {}, None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools.update({tool.name: tool for tool in page.tools})
+        if (cursor := page.next_cursor) is None:
+            return tools
