@@ -19,8 +19,8 @@ from worker.queue.scheduler import WAKE, tenant_list
 async def client() -> AsyncToolClient:
     """A client whose Redis is an in-process fake (nothing is listening at its URL)."""
     tool_client = AsyncToolClient("redis://127.0.0.1:9/0")
-    tool_client._redis = fakeredis.aioredis.FakeRedis()
-    tool_client._reader_redis = fakeredis.aioredis.FakeRedis()
+    tool_client._home.redis = fakeredis.aioredis.FakeRedis()
+    tool_client._home.reader_redis = fakeredis.aioredis.FakeRedis()
     return tool_client
 
 
@@ -29,13 +29,13 @@ async def test_a_timeout_the_workers_would_refuse_is_refused_at_once(client: Asy
     """A timeout the workers refuse (above a day, or not positive) raises before anything is enqueued."""
     with pytest.raises(ValueError, match="timeout"):
         await client.acall("anything", {}, timeout=timeout)
-    assert await client._redis.llen("toolcalls") == 0
+    assert await client._home.redis.llen("toolcalls") == 0
     await client.aclose()
 
 
 async def test_a_failed_enqueue_leaves_nothing_waiting(client: AsyncToolClient) -> None:
     """Calls that could not be enqueued raise, and the client keeps no entry for them."""
-    client._redis = fakeredis.aioredis.FakeRedis(connected=False)
+    client._home.redis = fakeredis.aioredis.FakeRedis(connected=False)
     with pytest.raises(RedisConnectionError):
         await client.submit_many([("a", {}), ("b", {})], timeout=5)
     assert client._waiting == {}
@@ -56,19 +56,19 @@ async def test_a_tenant_the_workers_would_refuse_is_refused_at_once(client: Asyn
     """A tenant name outside the pattern raises before anything is enqueued."""
     with pytest.raises(ValueError, match="tenant"):
         await client.acall("anything", {}, tenant=tenant)
-    assert await client._redis.llen("toolcalls") == 0
+    assert await client._home.redis.llen("toolcalls") == 0
     await client.aclose()
 
 
 async def test_the_call_names_its_tenant_and_principal_and_the_default_is_implicit() -> None:
     """A call for another tenant carries it (and a principal when named); the default tenant is left out."""
     tool_client = AsyncToolClient("redis://127.0.0.1:9/0", tenant="acme")
-    tool_client._redis = fakeredis.aioredis.FakeRedis()
-    tool_client._reader_redis = fakeredis.aioredis.FakeRedis()
+    tool_client._home.redis = fakeredis.aioredis.FakeRedis()
+    tool_client._home.reader_redis = fakeredis.aioredis.FakeRedis()
     await tool_client.submit_many([("a", {})], timeout=5)
     await tool_client.submit_many([("b", {})], timeout=5, tenant="default", principal="ci-bot")
-    raw = await tool_client._redis.lrange("toolcalls", 0, -1)
-    raw += await tool_client._redis.lrange(tenant_list("toolcalls", "acme"), 0, -1)  # a tenant's own list
+    raw = await tool_client._home.redis.lrange("toolcalls", 0, -1)
+    raw += await tool_client._home.redis.lrange(tenant_list("toolcalls", "acme"), 0, -1)  # a tenant's own list
     calls = [json.loads(json.loads(item)["body"])[0][0] for item in raw if item != WAKE.encode()]
     by_tool = {call["tool"]: call for call in calls}
     assert by_tool["a"]["tenant"] == "acme" and "principal" not in by_tool["a"]

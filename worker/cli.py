@@ -106,6 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     queue.add_argument("--format", choices=["table", "json"], default="table")
     queue.set_defaults(handler=_queue)
 
+    shards = commands.add_parser("shards", help="the shards of TOOLWORKER_REDIS_SHARDS, or the one a tenant lives on")
+    shards.add_argument("--tenant", metavar="T", help="print only the shard of tenant T")
+    shards.set_defaults(handler=_shards)
+
     validate = commands.add_parser("validate", help="check definitions; lists every problem, non-zero on any")
     validate.add_argument("paths", nargs="*", type=Path)
     validate.set_defaults(handler=_validate)
@@ -202,12 +206,14 @@ def _worker(args: argparse.Namespace) -> int:
 
     if not (os.environ.get(_RESTARTS_ENV) or os.environ.get(SUPERVISED_ENV)):
         _check_redis(settings)
-    if processes > 1:
+    shards = [shard.name for shard in settings.shards.all] if settings.shards.sharded and not settings.shard else [""]
+    if processes > 1 or len(shards) > 1:
         from worker.queue.supervisor import supervise
 
         child = ["-P", args.pool, "-c", str(concurrency), "--loglevel", args.loglevel, "--processes", "1"]
         child += ["-Q", args.queues] if args.queues else []
-        return supervise(child, processes, args.hostname, settings.metrics_port, _queue_gauges(settings, args.queues))
+        gauges = _queue_gauges(settings, args.queues)
+        return supervise(child, processes, args.hostname, settings.metrics_port, gauges, shards)
     from worker.queue.app import app
 
     argv = ["worker", "-c", str(concurrency), "--loglevel", args.loglevel]
@@ -260,7 +266,7 @@ def _call(args: argparse.Namespace) -> int:
     settings = get_settings()
     _check_redis(settings)
     try:
-        with ToolClient(settings.redis_url) as client:
+        with ToolClient() as client:
             if args.no_wait:
                 print(client.submit(args.tool, arguments, headers=headers, timeout=args.timeout).call_id)
                 return 0
@@ -443,18 +449,47 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _queue(args: argparse.Namespace) -> int:
-    """`toolworker queue`: what waits and what runs, per queue and tenant, read from Redis."""
+    """`toolworker queue`: what waits and what runs, per queue and tenant (and shard), read from Redis. A
+    shard that does not answer is named on stderr, the others are shown, and the exit status is 1."""
+    from redis.exceptions import RedisError
+
     from worker.queue.depth import queue_rows
 
     settings = get_settings()
-    _check_redis(settings)
-    with sync_client(settings.redis_url) as client:
-        rows = queue_rows(client, [q.strip() for q in (args.queues or "").split(",") if q.strip()])
+    _check_redis(settings)  # the home shard: the routes are there
+    queues = [q.strip() for q in (args.queues or "").split(",") if q.strip()]
+    rows: list[dict[str, Any]] = []
+    code = 0
+    with sync_client(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0) as home:
+        for shard in settings.shards.all:
+            try:
+                with sync_client(shard.url, socket_connect_timeout=2.0, socket_timeout=5.0, retry=None) as client:
+                    rows += [{"shard": shard.name} | row for row in queue_rows(client, queues, routes=home)]
+            except (RedisError, OSError) as exc:
+                print(f"toolworker queue: {shard.where} does not answer: {exc}", file=sys.stderr)
+                code = 1
+    columns = ["queue", "tenant", "waiting", "queued", "in_flight"]
+    if not settings.shards.sharded:
+        rows = [{k: v for k, v in row.items() if k != "shard"} for row in rows]
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
-        _print_table(rows, ["queue", "tenant", "waiting", "queued", "in_flight"])
+        _print_table(rows, ["shard", *columns] if settings.shards.sharded else columns)
         print("waiting: messages in the tenant's lists; queued: calls counted at enqueue; in_flight: calls running")
+    return code
+
+
+def _shards(args: argparse.Namespace) -> int:
+    """`toolworker shards`: each shard (the home one first), or `--tenant T`: the shard T's calls go to."""
+    shards = get_settings().shards
+    if args.tenant is not None:
+        from worker.client import checked_tenant
+
+        shard = shards.of(checked_tenant(args.tenant))
+        print(f"{shard.name or '-'}  {shard.where}")
+        return 0
+    for shard in shards.all:
+        print(f"{shard.name or '-'}  {shard.where}{'  (home)' if shard is shards.home and shards.sharded else ''}")
     return 0
 
 
@@ -559,7 +594,7 @@ async def _dead_letter_change(settings: Settings, letters: Any, action: str, ite
         return "purged"
     from worker.client import AsyncToolClient
 
-    client = AsyncToolClient(settings.redis_url)
+    client = AsyncToolClient()
 
     async def enqueue(tool: str, arguments: Any, call_id: str, tenant: str, who: str | None, timeout_s: float) -> None:
         await client.submit_many(
@@ -628,14 +663,19 @@ def _with_decisions(work: Any) -> Any:
     settings = get_settings()
     _check_redis(settings)
 
+    def publisher(client: Any) -> Publisher:
+        return Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen)
+
     async def run() -> Any:
-        client = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
-        audit = AuditTrail(client, settings.audit_stream_maxlen)
-        publisher = Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen)
+        clients = [
+            async_client(shard.url, socket_connect_timeout=5, socket_timeout=30) for shard in settings.shards.all
+        ]
+        audit = AuditTrail(clients[0], settings.audit_stream_maxlen)
         try:
-            return await work(Decisions(client, publisher, audit), Principal(f"cli:{getpass.getuser()}"))
+            return await work(Decisions(clients, publisher, audit), Principal(f"cli:{getpass.getuser()}"))
         finally:
             await audit.drain()
-            await client.aclose()
+            for client in clients:
+                await client.aclose()
 
     return asyncio.run(run())

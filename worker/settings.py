@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.shards import Shards
 
 
 class Settings(BaseSettings):
@@ -17,6 +19,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOOLWORKER_", extra="ignore", hide_input_in_errors=True)
 
     redis_url: str = "redis://localhost:6379/0"
+    # Several Redis deployments, `name=url` separated by spaces or commas (worker/shards.py): when set, it
+    # replaces redis_url, which becomes the first shard's (the home shard: upstream-wide state).
+    redis_shards: str = ""
+    # The shard a worker process takes from (set by `toolworker worker` for each process it starts).
+    shard: str = ""
     # How long a command that starts (worker, call, publish) waits for Redis before it says why it cannot.
     redis_connect_timeout_seconds: float = Field(5.0, gt=0)
     # With a `sentinel://host:port[;sentinel://host:port...]/db` URL: the master the Sentinels watch, the
@@ -101,6 +108,24 @@ class Settings(BaseSettings):
     callback_retry_seconds: float = Field(3600.0, gt=0)
     # The longest one delivery attempt may take; a worker's claim on a delivery lasts a little longer.
     callback_timeout_seconds: float = Field(10.0, gt=0, le=300)
+
+    @model_validator(mode="after")
+    def _home_shard(self) -> Settings:
+        """With shards, TOOLWORKER_REDIS_URL is ignored: every use of redis_url is the home shard's."""
+        if self.redis_shards.strip():
+            self.redis_url = self.shards.home.url
+        if self.shard:
+            self.shards.named(self.shard)  # a shard this deployment has
+        return self
+
+    @cached_property
+    def shards(self) -> Shards:
+        return Shards.parse(self.redis_shards) if self.redis_shards.strip() else Shards.single(self.redis_url)
+
+    @property
+    def queue_url(self) -> str:
+        """The Redis this worker process takes calls from: its shard's, else redis_url."""
+        return self.shards.named(self.shard).url if self.shard else self.redis_url
 
     @field_validator("callback_secret")
     @classmethod

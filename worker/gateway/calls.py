@@ -111,7 +111,8 @@ class Calls:
         self._keep_s = claim_ttl_s
         self.audit = audit
         # Parked calls: what waits for a human, and their decisions (any gateway process decides on any).
-        self.decisions = Decisions(redis, Publisher(redis, claim_ttl_s, stream_maxlen), audit)
+        shards = client.shard_clients() if client.shards.sharded else [redis]
+        self.decisions = Decisions(shards, lambda shard: Publisher(shard, claim_ttl_s, stream_maxlen), audit)
         self.delegation = delegation
 
     @property
@@ -182,7 +183,7 @@ class Calls:
         upstream = self.catalog.snapshot.upstream(tool)
         fields = approvals.describe({"arguments": dict(spec.arguments)}, tool, upstream, who.tenant, who.name)
         fields.update(decidedBy=by, reason="approved when asked through MCP", decidedAt=repr(time.time()))
-        await approvals.grant(self._redis, call_id, fields, self._keep_s)
+        await approvals.grant(self.client.redis_of(who.tenant), call_id, fields, self._keep_s)
         if self.audit is not None:
             self.audit.record(Decision(now_iso(), by, who.tenant, tool.name, call_id, "approve", fields["reason"]))
 
@@ -252,7 +253,7 @@ class Calls:
     async def withdraw(self, call_id: str, tool: str, tenant: str) -> bool:
         """Take a call that has not started off the queue (its tenant's list); its callId is free again
         afterwards."""
-        if not await withdraw(self._redis, tool, call_id, tenant):
+        if not await withdraw(self.client.redis_of(tenant), tool, call_id, tenant, routes=self._redis):
             return False
         await self._claims.release(call_id)
         return True
@@ -268,9 +269,10 @@ class Calls:
 
 @asynccontextmanager
 async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncIterator[Calls]:
-    """The gateway's calls on `settings.redis_url`, with its catalog loaded (and followed)."""
+    """The gateway's calls on `settings.redis_url` (each tenant's on its shard), with its catalog loaded
+    (and followed)."""
     tracing.configure("toolworker-gateway")
-    client = AsyncToolClient(settings.redis_url)
+    client = AsyncToolClient()  # on TOOLWORKER_REDIS_SHARDS, else TOOLWORKER_REDIS_URL
     redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     catalog = Catalog(settings, tags)
     audit = AuditTrail(redis, settings.audit_stream_maxlen)

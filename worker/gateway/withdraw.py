@@ -22,17 +22,24 @@ from worker.queue import scheduler
 SCAN_LIMIT = 10_000
 
 
-async def withdraw(client: aioredis.Redis, tool: str, call_id: str, tenant: str = DEFAULT_TENANT) -> bool:
-    """Take the call off its queue (its tenant's list there); False when it is not waiting there (started,
-    answered or unknown). The tenant's count of calls waiting goes down by one."""
-    if not await _take_off(client, tool, call_id, tenant):
+async def withdraw(
+    client: aioredis.Redis,
+    tool: str,
+    call_id: str,
+    tenant: str = DEFAULT_TENANT,
+    routes: aioredis.Redis | None = None,
+) -> bool:
+    """Take the call off its queue (its tenant's list there, on `client`: the tenant's shard); False when it
+    is not waiting there (started, answered or unknown). The tenant's count of calls waiting goes down by
+    one. The routes are read from `routes` (the home shard) when given."""
+    if not await _take_off(client, tool, call_id, tenant, routes or client):
         return False
     await client.hincrby(scheduler.QUEUED_KEY, tenant, -1)
     return True
 
 
-async def _take_off(client: aioredis.Redis, tool: str, call_id: str, tenant: str) -> bool:
-    queue = scheduler.tenant_list((await read_routes(client)).get(tool, DEFAULT_QUEUE), tenant)
+async def _take_off(client: aioredis.Redis, tool: str, call_id: str, tenant: str, routes: aioredis.Redis) -> bool:
+    queue = scheduler.tenant_list((await read_routes(routes)).get(tool, DEFAULT_QUEUE), tenant)
     needle = call_id_needle(call_id)
     raw_messages: list[Any] = await client.lrange(queue, 0, SCAN_LIMIT - 1)
     for raw in raw_messages:

@@ -34,8 +34,9 @@ def create_app() -> Celery:
     # A lost worker's unacknowledged calls come back once older than the visibility timeout; sweep for
     # them on every check (about every 10 s) rather than every tenth.
     transport_options = {"visibility_timeout": settings.visibility_timeout_seconds, "unacked_restore_throttle": 1}
-    transport_options |= connections.transport_options(settings.redis_url)  # a Sentinel URL's master name
-    app = Celery("toolworker", broker=settings.redis_url, backend=settings.redis_url, include=["worker.queue.tasks"])
+    url = settings.queue_url  # the process's shard (worker/shards.py), else TOOLWORKER_REDIS_URL
+    transport_options |= connections.transport_options(url)  # a Sentinel URL's master name
+    app = Celery("toolworker", broker=url, backend=url, include=["worker.queue.tasks"])
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -48,8 +49,8 @@ def create_app() -> Celery:
         worker_prefetch_multiplier=1,
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
-        broker_use_ssl=connections.celery_tls(settings.redis_url),
-        redis_backend_use_ssl=connections.celery_tls(settings.redis_url),
+        broker_use_ssl=connections.celery_tls(url),
+        redis_backend_use_ssl=connections.celery_tls(url),
         # A call running when the broker connection drops finishes and publishes its result (its result key
         # makes the redelivered copy a no-op); cancelling it would only waste the upstream's work.
         worker_cancel_long_running_tasks_on_connection_loss=False,

@@ -100,7 +100,7 @@ def process_leases(channel: kombu_redis.Channel) -> Leases:
     with _leases_lock:
         if _leases is None or _leases[0] != os.getpid():
             settings = get_settings()
-            client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            client = sync_client(settings.queue_url, socket_timeout=2.0, socket_connect_timeout=2.0)
             leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key)
             leases.start()
             atexit.register(leases.release)

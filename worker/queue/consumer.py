@@ -1,8 +1,9 @@
-"""Celery's consumer, with two changes: messages that are not calls are dead-lettered, and task events
-leave in one flush."""
+"""Celery's consumer, with three changes: messages that are not calls are dead-lettered, task events
+leave in one flush, and a lost broker is tried again about every second, however long it is away."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from celery.worker.consumer import Consumer
@@ -10,6 +11,9 @@ from celery.worker.consumer import Consumer
 from worker.queue.dead_letter import answer_undecodable, dead_letter
 
 _EVENTS_FLUSH_DELAY_S = 0.02
+# kombu's reconnect waits 2 s more after each failed try (up to 30 s): a shard or primary back after a long
+# outage would wait that long for its calls to be taken again.
+_RECONNECT_EVERY_S = 1.0
 
 
 class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
@@ -33,6 +37,12 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
     def _flush_events_later(self) -> None:
         self._events_flush_scheduled = False  # first: an event buffered from now on schedules a flush
         self._flush_events()
+
+    def ensure_connected(self, conn: Any) -> Any:
+        conn.ensure_connection = functools.partial(
+            conn.ensure_connection, interval_start=0, interval_step=_RECONNECT_EVERY_S, interval_max=_RECONNECT_EVERY_S
+        )
+        return super().ensure_connected(conn)
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         dead_letter("undecodable message", exc, message.body)

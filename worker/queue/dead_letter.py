@@ -60,7 +60,7 @@ def _redis() -> redis.Redis:
     global _client
     with _client_lock:
         if _client is None or _client[0] != os.getpid():
-            url = get_settings().redis_url
+            url = get_settings().queue_url  # the shard the item was found on
             client = sync_client(url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S)
             _client = (os.getpid(), client)
         return _client[1]

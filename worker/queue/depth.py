@@ -31,10 +31,13 @@ log = structlog.get_logger("toolworker.metrics")
 OTHER_TENANTS = "other"  # the label of every tenant the definitions do not list
 
 
-def queue_rows(client: redis.Redis, queues: Sequence[str] = ()) -> list[dict[str, Any]]:
+def queue_rows(
+    client: redis.Redis, queues: Sequence[str] = (), routes: redis.Redis | None = None
+) -> list[dict[str, Any]]:
     """Per queue and tenant: messages waiting, calls queued and in flight (`toolworker queue`, the console's
-    fleet page). Queues: those named, else toolcalls and every routed queue."""
-    routed: Any = client.hvals(ROUTES_KEY)
+    fleet page). Queues: those named, else toolcalls and every routed queue (routes read from `routes`, the
+    home shard, when given)."""
+    routed: Any = (routes or client).hvals(ROUTES_KEY)
     chosen = list(queues) or sorted({DEFAULT_QUEUE, *(q.decode() for q in routed)})
     return [dataclasses.asdict(row) for row in scheduler.snapshot(client, chosen, scheduler.PRIORITY_SUFFIXES)]
 

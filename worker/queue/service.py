@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 import structlog
+from redis.exceptions import RedisError
 
 from worker import errors, metrics, tracing
 from worker.call.connect import ConnectLinks
@@ -33,7 +35,7 @@ from worker.queue.approvals import PARKED_NOW, Gate
 from worker.queue.outcome import PublishFailed
 from worker.queue.publisher import Publisher
 from worker.queue.webhooks import Deliveries
-from worker.settings import Settings
+from worker.settings import Settings, get_settings
 
 log = structlog.get_logger("toolworker.service")
 
@@ -149,12 +151,16 @@ class Service:
         """Serve a newly published definitions version from the next call on."""
         self.runtime.swap(served_toolset(_loaded(toolset, f"redis v{version}"), self.runtime.policy.enabled))
         self.definitions_version = version
+        await asyncio.to_thread(_share_tenants, get_settings(), toolset)
 
     async def close(self) -> None:
         if self.deliveries is not None:
             await self.deliveries.close()
         await self.runtime.close()
         await self.publisher.client.aclose()
+        home = self.runtime.redis
+        if home is not None and home is not self.publisher.client:  # sharded: the home shard's client
+            await home.aclose()
 
 
 def _reason(exc: Exception) -> str:
@@ -199,19 +205,22 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
     tracing.configure("toolworker")
     policy = EgressPolicy.parse(settings.egress_allow)
     version, toolset = _initial_definitions(settings, bundles)
-    client = connect(settings.redis_url)
+    # Upstream-wide state (rate limits, circuits, tokens, the vault, the cache) is on the home shard; the
+    # calls taken here are answered, parked and called back on the shard they came from (worker/shards.py).
+    home = connect(settings.redis_url)
+    queue = home if settings.queue_url == settings.redis_url else connect(settings.queue_url)
     runtime = Runtime(
         toolset=served_toolset(toolset, policy.enabled),
         environ=dict(os.environ),
         transport=HttpTransport(policy, settings.dns_server_list),
         policy=policy,
-        redis=client,
-        users=user_tokens(settings, client),
+        redis=home,
+        users=user_tokens(settings, home),
     )
-    deliveries = _deliveries(settings, client)
+    deliveries = _deliveries(settings, queue)
     wake = deliveries.wake if deliveries is not None else None
-    publisher = Publisher(client, settings.result_ttl_seconds, settings.reply_stream_maxlen, wake)
-    gate = Gate(client, runtime, settings.approval_ttl_seconds, settings.result_ttl_seconds)
+    publisher = Publisher(queue, settings.result_ttl_seconds, settings.reply_stream_maxlen, wake)
+    gate = Gate(queue, runtime, settings.approval_ttl_seconds, settings.result_ttl_seconds)
     return Service(runtime, publisher, version, gate, deliveries)
 
 
@@ -232,6 +241,7 @@ def _initial_definitions(settings: Settings, bundles: redis_store.Bundles | None
             toolset = _loaded(file_store.load([settings.definitions]), "file")
             redis_store.announce(client, [settings.definitions], toolset)  # routes for clients, files for gateways
             redis_store.write_tenants(client, toolset)
+            _share_tenants(settings, toolset)
             return 0, toolset
         payload = redis_store.current_payload(client)
     finally:
@@ -240,7 +250,34 @@ def _initial_definitions(settings: Settings, bundles: redis_store.Bundles | None
         log.warning("definitions.none_published", hint="run `toolworker publish`")
         return 0, ToolSet()
     version, toolset = (bundles or redis_store.Bundles()).load(payload)
+    _share_tenants(settings, toolset)
     return version, _loaded(toolset, f"redis v{version}")
+
+
+def _share_tenants(settings: Settings, toolset: ToolSet) -> None:
+    """A shard other than the home one gets the tenants' limits too: its takes and enqueues read them there.
+    A shard that is down gets them once it is back (tried every second meanwhile; the process waits for
+    its shard anyway)."""
+    if settings.queue_url == settings.redis_url:
+        return
+
+    def write() -> bool:
+        client = sync_client(settings.queue_url, socket_connect_timeout=2.0, socket_timeout=2.0)
+        try:
+            redis_store.write_tenants(client, toolset)
+            return True
+        except RedisError as exc:
+            log.warning("definitions.tenants_not_shared", shard=settings.shard, reason=_reason(exc))
+            return False
+        finally:
+            client.close()
+
+    def until_written() -> None:
+        while not write():
+            time.sleep(1.0)
+
+    if not write():
+        threading.Thread(target=until_written, name="toolworker-share-tenants", daemon=True).start()
 
 
 def _loaded(toolset: ToolSet, origin: str) -> ToolSet:

@@ -6,6 +6,10 @@ shutdown: calls in flight finish), starts a child again when it dies, and serves
 child on one port (prometheus-client's multiprocess mode). A child that exits with an error within its
 first seconds (bad settings, unreadable definitions) stops the whole worker with its exit code instead
 of looping; one killed by a signal is always started again.
+
+With shards (TOOLWORKER_REDIS_SHARDS), N processes take from each shard (TOOLWORKER_SHARD in their
+environment): every shard has takers, and a shard that is down holds only its own processes, which wait
+for it while the others go on.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import structlog
 from worker.metrics import MULTIPROC_DIR_ENV, process_exited, start_metrics_server
 
 SUPERVISED_ENV = "TOOLWORKER_SUPERVISED"
+SHARD_ENV = "TOOLWORKER_SHARD"
 
 log = structlog.get_logger("toolworker.supervisor")
 _EARLY_EXIT_S = 10.0
@@ -40,32 +45,44 @@ class Child:
     started: float = field(default_factory=time.monotonic)
 
 
-def child_hostname(hostname: str | None, index: int) -> str:
-    """`name@host` becomes `name-<index>@host`; Celery expands %h and friends in the child."""
+def child_hostname(hostname: str | None, index: int, shard: str = "") -> str:
+    """`name@host` becomes `name-<index>@host` (`name-<shard>-<index>@host`); Celery expands %h and friends
+    in the child."""
     name, _, host = (hostname or "toolworker@%h").partition("@")
-    return f"{name}-{index}@{host or '%h'}"
+    return f"{name}-{shard + '-' if shard else ''}{index}@{host or '%h'}"
 
 
 def supervise(
-    child_argv: list[str], processes: int, hostname: str | None, metrics_port: int, collectors: Sequence[Any] = ()
+    child_argv: list[str],
+    processes: int,
+    hostname: str | None,
+    metrics_port: int,
+    collectors: Sequence[Any] = (),
+    shards: Sequence[str] = ("",),
 ) -> int:
-    """Run `processes` children of `python -m worker worker <child_argv> -n <name>` until told to stop."""
+    """Run `processes` children of `python -m worker worker <child_argv> -n <name>` per shard until told
+    to stop."""
     own_directory = MULTIPROC_DIR_ENV not in os.environ
     if own_directory:
         os.environ[MULTIPROC_DIR_ENV] = tempfile.mkdtemp(prefix="toolworker-metrics-")
     try:
-        return _run(child_argv, processes, hostname, metrics_port, collectors)
+        return _run(child_argv, processes, hostname, metrics_port, collectors, shards)
     finally:
         if own_directory:
             shutil.rmtree(os.environ.pop(MULTIPROC_DIR_ENV), ignore_errors=True)
 
 
 def _run(
-    child_argv: list[str], processes: int, hostname: str | None, metrics_port: int, collectors: Sequence[Any]
+    child_argv: list[str],
+    processes: int,
+    hostname: str | None,
+    metrics_port: int,
+    collectors: Sequence[Any],
+    shards: Sequence[str],
 ) -> int:
     start_metrics_server(metrics_port, collectors=collectors)
-    supervisor = Supervisor(child_argv, hostname)
-    supervisor.children = {i: supervisor.start(i) for i in range(processes)}
+    supervisor = Supervisor(child_argv, hostname, shards)
+    supervisor.children = {i: supervisor.start(i) for i in range(processes * len(shards))}
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, supervisor.forward)
     while supervisor.children:
@@ -75,9 +92,10 @@ def _run(
 
 
 class Supervisor:
-    def __init__(self, child_argv: list[str], hostname: str | None) -> None:
+    def __init__(self, child_argv: list[str], hostname: str | None, shards: Sequence[str] = ("",)) -> None:
         self.child_argv = child_argv
         self.hostname = hostname
+        self.shards = shards
         # The supervisor serves the metrics of all; it checked Redis, so a child started again during an
         # outage waits for Redis as a restarting worker does, instead of failing fast.
         self.env = os.environ | {"TOOLWORKER_METRICS_PORT": "0", SUPERVISED_ENV: "1"}
@@ -86,8 +104,10 @@ class Supervisor:
         self.code = 0
 
     def start(self, index: int) -> Child:
-        argv = [sys.executable, "-m", "worker", "worker", *self.child_argv, "-n", child_hostname(self.hostname, index)]
-        return Child(index, subprocess.Popen(argv, env=self.env))
+        shard = self.shards[index % len(self.shards)]
+        name = child_hostname(self.hostname, index // len(self.shards), shard)
+        argv = [sys.executable, "-m", "worker", "worker", *self.child_argv, "-n", name]
+        return Child(index, subprocess.Popen(argv, env=self.env | ({SHARD_ENV: shard} if shard else {})))
 
     def forward(self, signum: int, _frame: FrameType | None = None) -> None:
         self.stopping = signum
