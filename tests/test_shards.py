@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 import redis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
 from tests.support.faults import report
+from tests.support.gateway_stack import auth, gateway_env, start_gateway, wait_listening
 from tests.support.redis_proc import RedisProcess
 from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until
@@ -38,6 +40,7 @@ from worker.shards import Shards
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TENANTS = [f"tenant-{i}" for i in range(60)]
+A_TOKEN, B_TOKEN, OPS_TOKEN = "token-of-a-2f9c", "token-of-b-81d0", "token-of-ops-77ae"
 
 
 @dataclass
@@ -314,3 +317,70 @@ def test_a_shard_added_by_a_rolling_restart_loses_nothing_and_runs_nothing_twice
         on_new = sum(1 for label, tenant, _ in answered.values() if label == "new" and tenant in moved)
         assert on_new > 0
         report("shards.add", calls=len(answered), moved_tenants=len(moved), calls_on_the_new_shard=on_new)
+
+
+def test_the_gateway_serves_each_principals_tenant_on_its_shard_and_decides_on_any_shard(
+    tmp_path: Path, upstream: Upstream, dns_server: DnsServer
+) -> None:
+    """Through the gateway (REST) and the command line, with shards: a principal's calls go to its tenant's
+    shard; a call parked for approval on a shard other than the home one is listed, approved and answered
+    once; one denied from the command line is answered 77."""
+    definitions = FIXTURES / "approvals"
+    with shard_stack(tmp_path, upstream, dns_server, ("s1", "s2", "s3")) as stack:
+        shards = stack.shards()
+        placement = Shards.parse(shards)
+        on = {name: next(t for t in TENANTS if placement.of(t).name == name) for name in ("s2", "s3")}
+        access = tmp_path / "access.yaml"
+        access.write_text(
+            "tokens:\n"
+            f'  a: {{token: "{A_TOKEN}", tools: ["*"], tenant: {on["s2"]}}}\n'
+            f'  b: {{token: "{B_TOKEN}", tools: ["*"], tenant: {on["s3"]}}}\n'
+            f'  ops: {{token: "{OPS_TOKEN}", tools: ["*"], grants: [approve]}}\n'
+        )
+        stack.env = stack.env | {"TOOLWORKER_DEFINITIONS": str(definitions)}
+        stack.start_worker(shards)
+        extra = {"TOOLWORKER_REDIS_SHARDS": shards, "TOOLWORKER_GATEWAY_ACCESS": str(access)}
+        gateway = start_gateway(gateway_env("redis://127.0.0.1:1/0", definitions, **extra), tmp_path / "gateway.log")
+        try:
+            wait_listening(gateway, ready=True)
+            url, name = gateway.url, uuid.uuid4().hex[:10]
+
+            def call(token: str, tool: str) -> httpx2.Response:
+                body = {"tool": tool, "arguments": {"item": name}}
+                return httpx2.post(f"{url}/v1/calls", json=body, headers=auth(token), timeout=60)
+
+            for token, shard in ((A_TOKEN, "s2"), (B_TOKEN, "s3")):
+                read = call(token, "read_item")
+                assert read.status_code == 200 and read.json()["exitCode"] == 0, read.text
+                assert stack.holding(read.json()["callId"]) == [shard]
+            parked = call(A_TOKEN, "delete_item")
+            assert parked.status_code == 202, parked.text
+            call_id = parked.json()["callId"]
+
+            def listed() -> dict[str, Any]:
+                rows = httpx2.get(f"{url}/v1/approvals", headers=auth(OPS_TOKEN), timeout=30).json()["approvals"]
+                return {row["callId"]: row for row in rows}
+
+            wait_until(lambda: call_id in listed(), 30, "the call parked on s2 listed")
+            assert listed()[call_id]["tenant"] == on["s2"]
+            body = {"decision": "approve", "reason": "fine"}
+            approved = httpx2.post(f"{url}/v1/approvals/{call_id}", json=body, headers=auth(OPS_TOKEN), timeout=30)
+            assert approved.status_code == 200, approved.text
+            answer = httpx2.get(f"{url}/v1/calls/{call_id}?waitSeconds=30", headers=auth(A_TOKEN), timeout=60)
+            assert answer.status_code == 200 and answer.json()["exitCode"] == 0, answer.text
+            assert stack.holding(call_id) == ["s2"] and stack.hits(f"/echo/delete/{name}").total() == 1
+
+            denied = call(B_TOKEN, "delete_item").json()["callId"]
+            env = stack.env | {"TOOLWORKER_REDIS_SHARDS": shards}
+            argv = [sys.executable, "-m", "worker", "approvals"]
+
+            def cli(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=60, check=True)
+
+            wait_until(lambda: denied in cli("list").stdout, 30, "the call parked on s3 listed by the command line")
+            cli("deny", denied, "--reason", "no")
+            answer = httpx2.get(f"{url}/v1/calls/{denied}?waitSeconds=30", headers=auth(B_TOKEN), timeout=60)
+            assert answer.json()["exitCode"] == 77 and stack.holding(denied) == ["s3"]
+            assert stack.hits(f"/echo/delete/{name}").total() == 1  # the denied one was never sent
+        finally:
+            gateway.stop()
