@@ -49,6 +49,7 @@ from benchmarks import (
     identity,
     pipeline,
     replicas,
+    shards,
     tenants,
     tracing,
     vault,
@@ -581,6 +582,12 @@ SECTIONS = (
         replicas.print_section,
     ),
     Section(
+        "shards",
+        "shards: three worker processes on one Redis and on three shards",
+        lambda server, sizes, args: shards.run(sizes.calls, _rounds(args), 2.0 if args.quick else 5.0),
+        shards.print_section,
+    ),
+    Section(
         "tracing",
         "tracing: off, 10% and 100% sampled",
         lambda server, sizes, args: tracing.run(server.url, sizes.calls, _rounds(args), args.reference_tree),
@@ -664,6 +671,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--identity-only", action="store_true", help="only the gateway's JWT-against-static rows")
     parser.add_argument("--vault-only", action="store_true", help="only the vault's rows (about a minute)")
     parser.add_argument("--replicas-only", action="store_true", help="only the MIN_REPLICAS rows (a few minutes)")
+    parser.add_argument("--shards-only", action="store_true", help="only the shards' rows (a few minutes)")
     parser.add_argument("--webhooks-only", action="store_true", help="only the webhook delivery rows")
     parser.add_argument("--cost-only", action="store_true", help="only the cost-per-call rows (a few minutes)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")

@@ -104,8 +104,9 @@ def _commands(redis_url: str) -> Iterator[dict[str, int]]:
         client.close()
 
 
-async def burst(redis_url: str, calls: int, tenants: list[str]) -> float:
-    client = AsyncToolClient(redis_url)
+async def burst(redis_url: str, calls: int, tenants: list[str], shards: str | None = None) -> float:
+    """`calls` calls at once, spread over `tenants` (on `shards` when given): the seconds they took."""
+    client = AsyncToolClient(redis_url, shards=shards)
     try:
         await client.acall(TOOL, {"i": 0}, timeout=pipeline.START_TIMEOUT_S)  # the reply reader is running
         started = time.perf_counter()
