@@ -128,6 +128,7 @@ def _audit_command(commands: Any) -> None:
 
 def _dead_letters_command(commands: Any) -> None:
     letters = commands.add_parser("dead-letters", help="messages the workers refused: list, show, replay, purge")
+    letters.add_argument("--shard", metavar="S", help="with shards: the shard whose items (default: the first)")
     actions = letters.add_subparsers(required=True, metavar="ACTION")
     actions.add_parser("list", help="one line per item: its N (a stable id) and reason").set_defaults(action="list")
     for name, text in _DEAD_LETTER_ACTIONS.items():
@@ -559,14 +560,15 @@ def _dead_letters(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     _check_redis(settings)
-    return asyncio.run(_dead_letters_async(settings, args.action, getattr(args, "item", "")))
+    url = settings.shards.named(args.shard).url if args.shard else settings.redis_url  # items stay on their shard
+    return asyncio.run(_dead_letters_async(settings, url, args.action, getattr(args, "item", "")))
 
 
-async def _dead_letters_async(settings: Settings, action: str, item: str) -> int:
+async def _dead_letters_async(settings: Settings, url: str, action: str, item: str) -> int:
     from worker.connections import async_client
     from worker.queue.dead_letter_store import DeadLetterError, DeadLetters
 
-    redis = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    redis = async_client(url, socket_connect_timeout=5, socket_timeout=30)
     letters = DeadLetters(redis)
     try:
         if action == "list":
