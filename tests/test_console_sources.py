@@ -23,6 +23,7 @@ from worker.gateway.console.gate import Gate
 from worker.gateway.console.sessions import Sessions
 from worker.gateway.console.sources import Connection, NotWaiting, WaitingCall
 from worker.gateway.identity import Grant, Principal, StaticTokens
+from worker.shards import Shards
 
 pytestmark = pytest.mark.integration
 __all__ = ["browser", "page"]
@@ -104,7 +105,8 @@ def sources(redis_server: EmbeddedRedis) -> Iterator[Sources]:
     gate = Gate(Sessions(clients[1], 600), tokens, False, "")
     calls = CallsStub()
     extensions = Extensions(approvals, FakeConnections())
-    console = Console(calls, gate, redis_server.url, clients, 10.0, extensions)  # type: ignore[arg-type]
+    shards = [(Shards.single(redis_server.url).home, clients[0])]
+    console = Console(calls, gate, shards, clients[1], 10.0, extensions)  # type: ignore[arg-type]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -24,8 +24,10 @@ from typing import Any
 import httpx2
 import pytest
 import redis
+from playwright.sync_api import Page
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
+from tests.support.browser import browser, page
 from tests.support.faults import report
 from tests.support.gateway_stack import auth, gateway_env, start_gateway, wait_listening
 from tests.support.redis_proc import RedisProcess
@@ -38,6 +40,7 @@ from worker.queue.depth import queue_rows
 from worker.shards import Shards
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+__all__ = ["browser", "page"]
 
 TENANTS = [f"tenant-{i}" for i in range(60)]
 A_TOKEN, B_TOKEN, OPS_TOKEN = "token-of-a-2f9c", "token-of-b-81d0", "token-of-ops-77ae"
@@ -320,11 +323,12 @@ def test_a_shard_added_by_a_rolling_restart_loses_nothing_and_runs_nothing_twice
 
 
 def test_the_gateway_serves_each_principals_tenant_on_its_shard_and_decides_on_any_shard(
-    tmp_path: Path, upstream: Upstream, dns_server: DnsServer
+    tmp_path: Path, upstream: Upstream, dns_server: DnsServer, page: Page
 ) -> None:
-    """Through the gateway (REST) and the command line, with shards: a principal's calls go to its tenant's
-    shard; a call parked for approval on a shard other than the home one is listed, approved and answered
-    once; one denied from the command line is answered 77."""
+    """Through the gateway (REST), its console (a real browser) and the command line, with shards: a
+    principal's calls go to its tenant's shard; a call parked for approval on a shard other than the home
+    one is listed, approved and answered once; one denied from the command line is answered 77; the
+    console's fleet page shows every shard's workers and queues."""
     definitions = FIXTURES / "approvals"
     with shard_stack(tmp_path, upstream, dns_server, ("s1", "s2", "s3")) as stack:
         shards = stack.shards()
@@ -335,7 +339,7 @@ def test_the_gateway_serves_each_principals_tenant_on_its_shard_and_decides_on_a
             "tokens:\n"
             f'  a: {{token: "{A_TOKEN}", tools: ["*"], tenant: {on["s2"]}}}\n'
             f'  b: {{token: "{B_TOKEN}", tools: ["*"], tenant: {on["s3"]}}}\n'
-            f'  ops: {{token: "{OPS_TOKEN}", tools: ["*"], grants: [approve]}}\n'
+            f'  ops: {{token: "{OPS_TOKEN}", tools: ["*"], grants: [approve, operate]}}\n'
         )
         stack.env = stack.env | {"TOOLWORKER_DEFINITIONS": str(definitions)}
         stack.start_worker(shards)
@@ -382,5 +386,19 @@ def test_the_gateway_serves_each_principals_tenant_on_its_shard_and_decides_on_a
             answer = httpx2.get(f"{url}/v1/calls/{denied}?waitSeconds=30", headers=auth(B_TOKEN), timeout=60)
             assert answer.json()["exitCode"] == 77 and stack.holding(denied) == ["s3"]
             assert stack.hits(f"/echo/delete/{name}").total() == 1  # the denied one was never sent
+
+            page.goto(url + "/console/login")
+            page.get_by_label("Token").fill(OPS_TOKEN)
+            page.get_by_label("Token").press("Enter")
+            page.wait_for_url("**/console/fleet")
+            headers = page.locator("#tenants thead th").all_inner_texts()
+            assert headers[:2] == ["Shard", "Queue"]
+            rows = page.locator("#tenants tbody tr")
+            shown = {tuple(rows.nth(i).locator("td").all_inner_texts()[:2]) for i in range(rows.count())}
+            assert shown == {
+                (shard, queue) for shard in ("s1", "s2", "s3") for queue in ("toolcalls", "approvals-brief")
+            }
+            workers = " ".join(page.locator("main table").first.locator("td").all_inner_texts())
+            assert all(f"-{shard}-0@" in workers for shard in ("s1", "s2", "s3")), workers
         finally:
             gateway.stop()

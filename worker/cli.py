@@ -452,23 +452,20 @@ def _mcp(args: argparse.Namespace) -> int:
 def _queue(args: argparse.Namespace) -> int:
     """`toolworker queue`: what waits and what runs, per queue and tenant (and shard), read from Redis. A
     shard that does not answer is named on stderr, the others are shown, and the exit status is 1."""
-    from redis.exceptions import RedisError
-
-    from worker.queue.depth import queue_rows
+    from worker.queue.depth import shard_rows
 
     settings = get_settings()
     _check_redis(settings)  # the home shard: the routes are there
     queues = [q.strip() for q in (args.queues or "").split(",") if q.strip()]
-    rows: list[dict[str, Any]] = []
-    code = 0
-    with sync_client(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0) as home:
-        for shard in settings.shards.all:
-            try:
-                with sync_client(shard.url, socket_connect_timeout=2.0, socket_timeout=5.0, retry=None) as client:
-                    rows += [{"shard": shard.name} | row for row in queue_rows(client, queues, routes=home)]
-            except (RedisError, OSError) as exc:
-                print(f"toolworker queue: {shard.where} does not answer: {exc}", file=sys.stderr)
-                code = 1
+    options: dict[str, Any] = {"socket_connect_timeout": 2.0, "socket_timeout": 5.0, "retry": None}
+    clients = [(shard, sync_client(shard.url, **options)) for shard in settings.shards.all]
+    try:
+        rows, problems = shard_rows(clients, queues)
+    finally:
+        for _, client in clients:
+            client.close()
+    for problem in problems:
+        print(f"toolworker queue: {problem}", file=sys.stderr)
     columns = ["queue", "tenant", "waiting", "queued", "in_flight"]
     if not settings.shards.sharded:
         rows = [{k: v for k, v in row.items() if k != "shard"} for row in rows]
@@ -477,7 +474,7 @@ def _queue(args: argparse.Namespace) -> int:
     else:
         _print_table(rows, ["shard", *columns] if settings.shards.sharded else columns)
         print("waiting: messages in the tenant's lists; queued: calls counted at enqueue; in_flight: calls running")
-    return code
+    return 1 if problems else 0
 
 
 def _shards(args: argparse.Namespace) -> int:

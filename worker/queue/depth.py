@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, ROUTES_KEY
 from worker.queue import scheduler
 from worker.queue.leases import INFLIGHT_PREFIX
+from worker.shards import Shard
 
 log = structlog.get_logger("toolworker.metrics")
 OTHER_TENANTS = "other"  # the label of every tenant the definitions do not list
@@ -40,6 +41,22 @@ def queue_rows(
     routed: Any = (routes or client).hvals(ROUTES_KEY)
     chosen = list(queues) or sorted({DEFAULT_QUEUE, *(q.decode() for q in routed)})
     return [dataclasses.asdict(row) for row in scheduler.snapshot(client, chosen, scheduler.PRIORITY_SUFFIXES)]
+
+
+def shard_rows(
+    shards: Sequence[tuple[Shard, redis.Redis]], queues: Sequence[str] = ()
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """`queue_rows` of every shard, each row naming its shard (the routes read from the first, the home
+    one); a shard that does not answer is left out and named in the second list."""
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    home = shards[0][1]
+    for shard, client in shards:
+        try:
+            rows += [{"shard": shard.name} | row for row in queue_rows(client, queues, routes=home)]
+        except (redis.RedisError, OSError) as exc:
+            problems.append(f"{shard.where} does not answer: {exc}")
+    return rows, problems
 
 
 class QueueDepth(Collector):

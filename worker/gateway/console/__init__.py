@@ -28,16 +28,18 @@ __all__ = ["Console", "Extensions", "open_console"]
 async def open_console(
     settings: Settings, calls: Calls, tokens: StaticTokens, tokenless: bool, extensions: Extensions | None = None
 ) -> AsyncIterator[Console]:
-    """The console on `settings.redis_url` (a client of its own, and a synchronous one for the figures
-    `toolworker queue` reads); `extensions`: the approvals and connections it shows, when there are."""
+    """The console on `settings.redis_url` (a client of its own, and a synchronous one on each shard for the
+    figures `toolworker queue` reads); `extensions`: the approvals and connections it shows, when there are."""
     redis_async = async_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
-    redis_sync = sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    shards = [
+        (shard, sync_client(shard.url, socket_connect_timeout=5, socket_timeout=30)) for shard in settings.shards.all
+    ]
     gate = Gate(
         Sessions(redis_async, settings.console_session_ttl_seconds), tokens, tokenless, settings.gateway_public_url
     )
     try:
-        clients = (redis_sync, redis_async)
-        yield Console(calls, gate, settings.redis_url, clients, settings.gateway_call_timeout_seconds, extensions)
+        yield Console(calls, gate, shards, redis_async, settings.gateway_call_timeout_seconds, extensions)
     finally:
-        redis_sync.close()
+        for _, client in shards:
+            client.close()
         await redis_async.aclose()

@@ -1,5 +1,5 @@
-"""The fleet page's figures: per queue and tenant what `toolworker queue` prints, and the workers by their
-Celery node names.
+"""The fleet page's figures: per queue and tenant (and shard) what `toolworker queue` prints, and the workers
+by their Celery node names.
 
 The node names come from a ping every worker answers (it waits its whole timeout: a second); the
 answer is kept FRESH_S, and an older one is shown while a new ping runs in the background, so that only
@@ -15,8 +15,9 @@ from typing import Any
 
 import redis
 
-from worker.queue.depth import queue_rows
+from worker.queue.depth import shard_rows
 from worker.queue.health import nodes
+from worker.shards import Shard
 
 FRESH_S = 10.0
 PING_TIMEOUT_S = 1.0
@@ -30,8 +31,10 @@ class Nodes:
 
 
 class Workers:
-    def __init__(self, redis_url: str) -> None:
-        self._redis_url = redis_url
+    """The worker processes of every shard (each answers pings on its own shard's broker)."""
+
+    def __init__(self, redis_urls: list[str]) -> None:
+        self._redis_urls = redis_urls
         self._last: Nodes | None = None
         self._probe: asyncio.Task[Nodes] | None = None
 
@@ -44,14 +47,19 @@ class Workers:
         return last if last is not None else await asyncio.shield(self._probe)
 
     async def _ping(self) -> Nodes:
-        try:
-            found = Nodes(await asyncio.to_thread(nodes, self._redis_url, PING_TIMEOUT_S), "", time.monotonic())
-        except RuntimeError as exc:
-            found = Nodes([], str(exc), time.monotonic())
+        pings = (asyncio.to_thread(nodes, url, PING_TIMEOUT_S) for url in self._redis_urls)
+        answers = await asyncio.gather(*pings, return_exceptions=True)
+        names = sorted(name for answer in answers if isinstance(answer, list) for name in answer)
+        problems = [str(answer) for answer in answers if isinstance(answer, RuntimeError)]
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, RuntimeError):
+                raise answer
+        found = Nodes(names, "; ".join(problems), time.monotonic())
         self._last = found
         return found
 
 
-async def tenant_rows(client: redis.Redis) -> list[dict[str, Any]]:
-    """`toolworker queue --format json`'s rows, read off the event loop (the same code reads them)."""
-    return await asyncio.to_thread(queue_rows, client)
+async def tenant_rows(shards: list[tuple[Shard, redis.Redis]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """`toolworker queue --format json`'s rows (and the shards that did not answer), read off the event loop
+    (the same code reads them)."""
+    return await asyncio.to_thread(shard_rows, shards)

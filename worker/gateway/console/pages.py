@@ -40,6 +40,7 @@ from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Se
 from worker.gateway.console.sources import Approvals, Connections, Decision, Extensions, NotWaiting
 from worker.gateway.health import FleetUnavailable
 from worker.queue.dead_letter_store import DeadLetterError, DeadLetters, NoSuchItem
+from worker.shards import Shard
 
 LOGIN = CONSOLE_PATH + "/login"
 FLEET = CONSOLE_PATH + "/fleet"
@@ -90,16 +91,17 @@ class Console:
         self,
         calls: Calls,
         gate: Gate,
-        redis_url: str,
-        clients: tuple[redis.Redis, aioredis.Redis],
+        shards: list[tuple[Shard, redis.Redis]],
+        redis_async: aioredis.Redis,
         call_timeout_s: float,
         extensions: Extensions | None = None,
     ) -> None:
+        """`shards`: a synchronous client on each shard, the home one first (the figures `toolworker queue`
+        reads); `redis_async`: the home shard's."""
         self.calls = calls
         self.gate = gate
-        self.workers = Workers(redis_url)
-        redis_sync, redis_async = clients
-        self._sync = redis_sync
+        self.workers = Workers([shard.url for shard, _ in shards])
+        self._shards = shards
         self._redis = redis_async
         self.dead_letters = DeadLetters(redis_async)
         self.call_timeout_s = call_timeout_s
@@ -223,9 +225,12 @@ class Console:
         return RedirectResponse(FLEET, 303)
 
     async def fleet(self, request: Request, session: Session) -> Response:
-        rows = await tenant_rows(self._sync)
+        rows, problems = await tenant_rows(self._shards)
         workers = await self.workers.seen()
-        return self._view("fleet.html", session, rows=rows, workers=workers, nav="Fleet")
+        sharded = self._shards[0][0].name != ""
+        return self._view(
+            "fleet.html", session, rows=rows, problems=problems, sharded=sharded, workers=workers, nav="Fleet"
+        )
 
     async def catalog(self, request: Request, session: Session) -> Response:
         toolset = self.calls.visible(session.principal).toolset
