@@ -36,6 +36,7 @@ LAYERS: list[frozenset[str]] = [
             "worker.metrics",
             "worker.tracing",
             "worker.heap",
+            "worker.shards",
         }
     ),
 ]

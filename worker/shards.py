@@ -33,9 +33,8 @@ class Shard:
 
     @property
     def where(self) -> str:
-        """How errors name the shard: its name and address (never its password)."""
-        address = _address(self.url)
-        return f"shard {self.name} ({address})" if self.name else address
+        """How errors name the shard: its name and address, or the one Redis's URL (never a password)."""
+        return f"shard {self.name} ({_address(self.url)})" if self.name else mask_url(self.url)
 
 
 class Shards:
