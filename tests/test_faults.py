@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,56 @@ async def test_warm_shutdown_finishes_the_calls_in_flight(
     assert [r.exit_code for r in results] == [0, 0, 0]
     assert code == 0, stack.log_tail()
     assert unacked == 0 and held == 0
+
+
+# --- the broker connection cut while calls run -----------------------------------------------------
+
+
+def due_in(message: str, seconds: float) -> str:
+    """A task message with an ETA: the worker receives it at once and starts it only then."""
+    payload = json.loads(message)
+    payload["headers"]["eta"] = (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
+    return json.dumps(payload)
+
+
+@pytest.mark.timeout(90)
+def test_a_broker_connection_cut_sends_no_running_call_twice_and_loses_no_waiting_one(
+    tmp_path: Path, fault_upstream: FaultUpstream, raw_upstream: RawServer, dns_server: DnsServer
+) -> None:
+    """Every connection of the worker cut (as a failover cuts those to the old primary) while a lone call and a
+    batch of three run and a call waits for its ETA: the running calls' messages stay held, not put back, and
+    are acknowledged on the new connection when the calls end; the waiting one (received, not started) goes
+    back to its queue and runs at its time. One POST and one envelope each, nothing left queued or held."""
+    stack = make_stack(tmp_path, FAULTS / "pipeline", fault_upstream.url, dns_server, raw_upstream.url)
+    stream, tag = f"faults:cut:{uuid.uuid4().hex}", uuid.uuid4().hex[:8]
+    running = [make_call("work_post", {"id": f"{tag}-{i}", "delay": 3}, stream) for i in range(4)]
+    waiting = make_call("work_post", {"id": f"{tag}-later", "delay": 0}, stream)
+    keys = [call["arguments"]["id"] for call in [*running, waiting]]
+    try:
+        process = stack.start_worker()
+        warm_up(stack, "fast_get", {"id": "warm-up"})
+        with stack.client() as r:
+            r.lpush(DEFAULT_QUEUE, due_in(task_messages([waiting], DEFAULT_QUEUE, 1)[0], 6))
+            enqueue(r, running[:1], batch=1)
+            enqueue(r, running[1:], batch=3)
+            wait_until(
+                lambda: all(fault_upstream.state.posts[key] for key in keys[:4]) and sum(holdings(r).values()) == 3,
+                30,
+                "four POSTs in flight and the call due later received",
+            )
+            cut = r.client_kill_filter(_type="normal", skipme=True)
+            wait_for_envelopes(r, stream, len(keys), 30)
+            wait_until(lambda: sum(holdings(r).values()) == 0, 30, "the messages acknowledged")
+            alive, queued = process.poll() is None, r.llen(DEFAULT_QUEUE)
+            envelopes = stream_envelopes(r, stream)
+    finally:
+        stack.close()
+    posts = [fault_upstream.state.posts[key] for key in keys]
+    report("connections cut mid-call", connections_cut=cut, posts=posts, envelopes=len(envelopes))
+    assert cut > 0 and alive, stack.log_tail()
+    assert posts == [1] * len(keys), stack.log_tail()
+    assert per_call(envelopes) == Counter({call["callId"]: 1 for call in [*running, waiting]})
+    assert queued == 0
 
 
 # --- a burst of 10,000 calls -----------------------------------------------------------------------

@@ -51,8 +51,9 @@ def create_app() -> Celery:
         result_backend_transport_options=transport_options,
         broker_use_ssl=connections.celery_tls(url),
         redis_backend_use_ssl=connections.celery_tls(url),
-        # A call running when the broker connection drops finishes and publishes its result (its result key
-        # makes the redelivered copy a no-op); cancelling it would only waste the upstream's work.
+        # A call running when the broker connection drops finishes, publishes its result and is acknowledged
+        # on the new connection (its message stays held meanwhile: broker.py); cancelling it would only waste
+        # the upstream's work.
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,

@@ -32,6 +32,18 @@ the process does not hold goes back to its queue, unless the process settled it,
 removed (``Leases.reconcile``). Nothing is taken meanwhile, and an acknowledgement removes the entry before
 it leaves the account, so an entry reconciled away is never one a call still runs on.
 
+**A lost connection puts back only what nobody runs.** Celery's consumer then closes the channel, and kombu
+would put back every message the channel delivered and nobody settled, calls still running here included:
+they run on (``worker_cancel_long_running_tasks_on_connection_loss`` is off), and another worker would take
+the copy (after a failover, from the promoted primary) and send the call upstream a second time. A message
+handed to the worker pool (``pool.py`` marks it started in ``Holdings``) is not put back: it stays in this
+process's in-flight list, under its lease, and held, so the reconcile after the reconnect leaves it, and the
+call's own acknowledgement or rejection settles it on the new connection (a closed channel rebuilds its pool
+from the parameters it was opened with). If the process dies first, its lease lapses and the live workers
+hand the message back, as any dead holder's. A message received and not started (an ETA not yet due, a rate
+limit's wait: the consumer forgets those as it reconnects) goes back to its queue; one whose restore fails
+is no longer held, and the reconcile puts it back.
+
 **A take the replicas did not confirm** (with ``TOOLWORKER_REDIS_MIN_REPLICAS``, a ``WAIT`` follows every
 take in the same round trip) is held, not run: neither delivered nor put back, and counted as held by the
 reconcile. Before anything else is taken, the channel asks the primary (the promoted one, after a failover)
@@ -118,6 +130,7 @@ class Holdings:
         self._delivered: dict[str, tuple[str, bytes]] = {}  # delivery tag -> (in-flight list, message)
         self._unconfirmed: set[tuple[str, bytes]] = set()  # settled here; Redis may still hold them
         self._untrusted: dict[tuple[str, bytes], None] = {}  # taken; the replicas did not confirm it: not run
+        self._started: set[str] = set()  # delivered, and handed to the pool: it runs here, whatever the channel
         self.stale = False  # a settlement failed: reconcile before the next take
 
     def hold(self, tag: str, inflight: str, raw: bytes) -> None:
@@ -128,18 +141,33 @@ class Holdings:
         with self._lock:
             return self._delivered.get(tag)
 
+    def started(self, tag: str) -> None:
+        """A delivered message handed to the worker pool: its call runs in this process from now on, and only
+        its own acknowledgement or rejection settles it (a closing channel does not restore it)."""
+        with self._lock:
+            if tag in self._delivered:
+                self._started.add(tag)
+
+    def running(self, tag: str) -> bool:
+        with self._lock:
+            return tag in self._started
+
     def settled(self, tag: str, confirmed: bool) -> None:
         """Called after the settlement's removal from the in-flight list was sent, whether it succeeded."""
         with self._lock:
             entry = self._delivered.pop(tag, None)
+            self._started.discard(tag)
             if entry is not None and not confirmed:
                 self._unconfirmed.add(entry)
                 self.stale = True
 
     def released(self, tag: str) -> None:
-        """A message taken but never handed on (Redis lost while kombu recorded it): no longer held."""
+        """A message no longer held, though Redis may still hold it: taken but never handed on (Redis lost
+        while kombu recorded it), or to go back to its queue by a restore or a reject that failed. The
+        reconcile puts it back."""
         with self._lock:
             self._delivered.pop(tag, None)
+            self._started.discard(tag)
             self.stale = True
 
     def unconfirmed(self, inflight: str, raw: bytes) -> None:
@@ -258,19 +286,37 @@ class QoS(kombu_redis.QoS):
         with _settling(delivery_tag, requeue):
             super().reject(delivery_tag, requeue=requeue)
 
+    def restore_unacked(self, client: Any = None) -> None:
+        """What a closing channel delivered and nobody settled goes back to its queue, but for the messages
+        whose calls this process runs: they stay held, each settled by its call's own acknowledgement on the
+        connection open by then (the module's docstring). One that cannot be put back now is not held any
+        more: the reconcile puts it back."""
+        holdings, kept, failed = process_holdings(), 0, 0
+        for tag in list(self._delivered):
+            if holdings.running(bytes_to_str(tag)):
+                kept += 1
+                continue
+            try:
+                self.restore_by_tag(tag, client=client)
+            except redis.RedisError:
+                failed += 1
+        self._delivered.clear()
+        if kept:
+            kombu_redis.logger.info("Kept %d message(s) whose calls run here: their acknowledgements settle them", kept)
+        if failed:
+            kombu_redis.logger.warning("Could not restore %d message(s) now: the reconcile puts them back", failed)
+
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """kombu's restore, or from the in-flight entry when kombu's record of the message is gone (a
-        failover can keep a take and lose the record written a round trip after it)."""
+        failover can keep a take and lose the record written a round trip after it). A restore that fails
+        leaves the message to the reconcile, which puts it back (only a message nobody runs is restored)."""
         entry = process_holdings().entry(bytes_to_str(tag))
-        # A restore that fails settles nothing: kombu restores what a closing channel delivered, calls still
-        # running included, and such a call's own ack or reject settles it later.
-        with self.channel.conn_or_acquire(client) as conn:
+        with _settling(bytes_to_str(tag), requeue=True), self.channel.conn_or_acquire(client) as conn:
             if entry is None or conn.hexists(self.unacked_key, tag):
                 super().restore_by_tag(tag, client=conn, leftmost=leftmost)
             else:
                 conn.zrem(self.unacked_index_key, tag)
                 process_leases(self.channel).put_back(entry[0], entry[1], leftmost)
-        process_holdings().settled(bytes_to_str(tag), confirmed=True)
 
 
 @contextmanager
@@ -372,8 +418,11 @@ class Channel(kombu_redis.Channel):
         self.qos.restore_by_tag(message.delivery_tag, leftmost=leftmost)
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        """The parameters the channel was opened with, once the transport (Connection.collect) or the close
+        has detached it from its connection: an acknowledgement after a reconnect still reaches Redis."""
         opened = self.__dict__.setdefault("_opened_with", {})
-        if self.connection.client is not None or asynchronous not in opened:
+        connection = self.connection  # None once the channel is closed
+        if (connection is not None and connection.client is not None) or asynchronous not in opened:
             opened[asynchronous] = super()._connparams(asynchronous=asynchronous)
         return dict(opened[asynchronous])
 

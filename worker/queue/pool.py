@@ -6,6 +6,8 @@ hand-offs cost more than the call. Here the consumer starts a call message's cor
 directly; when the call is answered, a pool thread runs Celery's completion (acknowledgement, task
 event), off the loop and after the result is out. Any other task, or a body that does not decode, takes
 Celery's thread path unchanged. A warm shutdown waits for the calls in flight and their acknowledgements.
+Either way, a message handed to the pool is marked started for the broker transport: a connection lost
+from then on leaves it held for its own acknowledgement rather than putting it back (broker.py).
 
 The app names it by class path (`worker_pool`), so `toolworker worker` and `celery -A worker.app worker`
 use it; `-P threads` still names Celery's own thread pool.
@@ -30,6 +32,7 @@ from kombu.serialization import loads, prepare_accept_content
 from worker.constants import ACCEPT_CONTENT, OVER_QUOTA_HEADER, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.loop import process_loop
 from worker.queue.bridge import serve_task
+from worker.queue.broker import process_holdings
 from worker.queue.outcome import CallFailed, failure
 
 _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
@@ -58,6 +61,7 @@ class TaskPool(thread.TaskPool):  # type: ignore[misc]
         **options: Any,
     ) -> thread.ApplyResult:
         # Celery's request passes (task name, task id, request, body, content type, content encoding).
+        _mark_started(args)
         payload = _call_payload(args) if args and callback else None
         if payload is None:
             return super().on_apply(target, args, kwargs, callback, accept_callback, **options)
@@ -106,6 +110,16 @@ def _failed(failed: CallFailed | None, runtime: float) -> tuple[int, ExceptionIn
         info = ExceptionInfo()
     info.exception = failed  # billiard wraps it for pickling; the event would show the wrapper's repr
     return 1, info, runtime
+
+
+def _mark_started(args: tuple[Any, ...] | None) -> None:
+    """Tell the broker transport that the message runs here now, on either path: from here on a lost
+    connection leaves it held for its own acknowledgement instead of putting it back (broker.py)."""
+    request = args[2] if args and len(args) > 2 else None
+    properties = request.get("properties") if isinstance(request, dict) else None
+    tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+    if isinstance(tag, str):
+        process_holdings().started(tag)
 
 
 def _call_payload(args: tuple[Any, ...]) -> tuple[Any] | None:
