@@ -27,7 +27,9 @@ from worker.dev.embedded import free_port
 from worker.settings import get_settings
 
 MASTER = "mymaster"
-DOWN_AFTER_MS = 1000
+# Two of the Sentinels' one-second pings: at one, a single late PONG (a just-promoted replica changing role
+# on a loaded machine) marked the new primary down a second after the switch, and a second failover began.
+DOWN_AFTER_MS = 2000
 FAILOVER_TIMEOUT_MS = 3000
 START_TIMEOUT_S = 15.0
 
@@ -249,7 +251,7 @@ class SentinelCluster:
 
 @pytest.fixture
 def sentinel_cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
-    """A primary, two replicas and three Sentinels (down-after 1 s), stopped after the test."""
+    """A primary, two replicas and three Sentinels (down-after 2 s), stopped after the test."""
     cluster = SentinelCluster(redis_server_binary(), tmp_path / "cluster")
     try:
         yield cluster.start()
