@@ -1,4 +1,5 @@
-"""Shards without servers: the list's syntax, placement by rendezvous hashing, the settings' rules."""
+"""Shards without servers: the list's syntax, placement by rendezvous hashing, the settings' rules, and
+approvals over shards (fakeredis, one of them down)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,25 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Awaitable
+from typing import Any, cast
 
+import fakeredis
 import pytest
+import redis
 from pydantic import ValidationError
 
+from worker.constants import RESULT_KEY_PREFIX
+from worker.gateway.decisions import Decisions
+from worker.gateway.identity import Grant, Principal
+from worker.queue.approvals import APPROVALS_KEY, NotParked, approval_key
+from worker.queue.publisher import Publisher
 from worker.settings import Settings, get_settings
 from worker.shards import Shards
+
+FakeRedis = fakeredis.aioredis.FakeRedis
 
 THREE = (
     "s1=redis://127.0.0.1:7001/0 s2=redis://127.0.0.1:7002/0,s3=sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380/2"
@@ -109,3 +122,36 @@ def test_a_process_given_a_shard_the_list_does_not_have_is_refused(monkeypatch: 
     monkeypatch.setenv("TOOLWORKER_SHARD", "s9")
     with pytest.raises(ValidationError, match="no shard named 's9'"):
         Settings()
+
+
+def parked_on(client: Any, call_id: str) -> Awaitable[Any]:
+    """A call parked for approval, as a worker's gate records it (the hash and the index)."""
+    expires = time.time() + 60
+    fields = {"state": "parked", "tool": "delete_item", "tenant": "acme", "expires": repr(expires)}
+    fields["call"] = json.dumps({"callId": call_id, "tool": "delete_item", "arguments": {"item": "x"}})
+    pipe = client.pipeline()
+    pipe.hset(approval_key(call_id), mapping=fields)
+    pipe.zadd(APPROVALS_KEY, {call_id: expires})
+    return cast(Awaitable[Any], pipe.execute())
+
+
+async def test_approvals_are_listed_and_decided_on_the_shard_that_holds_them_even_with_one_shard_down() -> None:
+    """A shard that does not answer leaves the listing and the decision to the others."""
+    down, home, other = (fakeredis.aioredis.FakeRedis(connected=False), FakeRedis(), FakeRedis())
+    await parked_on(other, "call-on-other")
+    decisions = Decisions([home, down, other], lambda client: Publisher(client, 60, 100), None)
+    listed = await decisions.parked()
+    assert [row["callId"] for row in listed] == ["call-on-other"]
+    everyone = Principal("ops", grant=Grant(actions=frozenset({"approve"})))
+    done = await decisions.decide(everyone, "call-on-other", "deny", "no")
+    assert done["decision"] == "deny"
+    assert await other.exists(RESULT_KEY_PREFIX + "call-on-other") == 1  # the denial's envelope, on its shard
+    assert await home.exists(RESULT_KEY_PREFIX + "call-on-other") == 0
+    with pytest.raises(NotParked):
+        await decisions.decide(everyone, "nowhere", "approve", "")
+
+
+async def test_with_every_shard_down_the_listing_says_so() -> None:
+    decisions = Decisions([fakeredis.aioredis.FakeRedis(connected=False)] * 2, lambda c: Publisher(c, 60, 100), None)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await decisions.parked()

@@ -6,15 +6,21 @@ tenant's shard: every shard is listed, and a decision is made on the shard that 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+import structlog
 
 from worker.gateway.audit import AuditTrail, Decision, now_iso
 from worker.gateway.identity import Principal
 from worker.queue import approvals
 from worker.queue.publisher import Publisher
+
+T = TypeVar("T")
+log = structlog.get_logger("toolworker.approvals")
+# How long a listing or a decision waits for each shard (one away is left out rather than waited for).
+SHARD_WAIT_S = 10.0
 
 
 class NotAllowed(PermissionError):
@@ -34,9 +40,10 @@ class Decisions:
         return await self.parked()
 
     async def parked(self) -> list[dict[str, Any]]:
-        """What waits, for a reader whose grant was checked already (the console's page)."""
-        found = await asyncio.gather(*(approvals.waiting(client) for client, _ in self._shards))
-        listed = [parked for shard in found for parked in shard]
+        """What waits, for a reader whose grant was checked already (the console's page); a shard that does
+        not answer is left out (and logged) unless none answers."""
+        found = await self._on_each(approvals.waiting)
+        listed = [parked for shard in found if not isinstance(shard, BaseException) for parked in shard]
         return [parked.listing() for parked in sorted(listed, key=_expiry)]
 
     async def decide(
@@ -53,11 +60,24 @@ class Decisions:
 
     async def _holder(self, call_id: str) -> tuple[aioredis.Redis, Publisher]:
         """The shard that has the call (the first one when none has it: its decide says so)."""
-        if len(self._shards) > 1:
-            key = approvals.approval_key(call_id)
-            held = await asyncio.gather(*(client.exists(key) for client, _ in self._shards))
-            return next((shard for shard, count in zip(self._shards, held, strict=True) if count), self._shards[0])
-        return self._shards[0]
+        if len(self._shards) == 1:
+            return self._shards[0]
+        key = approvals.approval_key(call_id)
+        held = await self._on_each(lambda client: client.exists(key))  # a count, or a shard's error
+        found = [shard for shard, count in zip(self._shards, held, strict=True) if count == 1]
+        return found[0] if found else self._shards[0]
+
+    async def _on_each(self, step: Callable[[aioredis.Redis], Awaitable[T]]) -> list[T | BaseException]:
+        """`step` on every shard at once, each within SHARD_WAIT_S: the answers, or the errors of the shards
+        that did not answer (logged); raises the first error when no shard answered."""
+        steps = (asyncio.wait_for(step(client), SHARD_WAIT_S) for client, _ in self._shards)
+        answers = await asyncio.gather(*steps, return_exceptions=True)
+        errors = [answer for answer in answers if isinstance(answer, BaseException)]
+        if len(errors) == len(answers):
+            raise errors[0]
+        for error in errors:
+            log.warning("approvals.shard_unanswered", error=str(error) or type(error).__name__)
+        return answers
 
 
 _Publish = Callable[[aioredis.Redis], Publisher]
