@@ -17,6 +17,7 @@ import pytest
 import redis
 from pydantic import ValidationError
 
+from worker.cli import main
 from worker.constants import RESULT_KEY_PREFIX
 from worker.gateway.decisions import Decisions
 from worker.gateway.identity import Grant, Principal
@@ -155,3 +156,17 @@ async def test_with_every_shard_down_the_listing_says_so() -> None:
     decisions = Decisions([fakeredis.aioredis.FakeRedis(connected=False)] * 2, lambda c: Publisher(c, 60, 100), None)
     with pytest.raises(redis.exceptions.ConnectionError):
         await decisions.parked()
+
+
+def test_the_command_line_refuses_a_malformed_list_in_one_line_with_exit_78(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A setting the settings refuse: exit 78 (EX_CONFIG) and the reason, no traceback, no value quoted."""
+    monkeypatch.setenv("TOOLWORKER_REDIS_SHARDS", "s1=redis://:hunter22@127.0.0.1:7001/0 s1=redis://127.0.0.1:7002/0")
+    assert main(["shards"]) == 78
+    assert capsys.readouterr().err == "toolworker: invalid setting: shard s1 is named twice\n"
+    monkeypatch.setenv("TOOLWORKER_REDIS_SHARDS", THREE)
+    monkeypatch.setenv("TOOLWORKER_CONCURRENCY", "many")
+    get_settings.cache_clear()
+    assert main(["shards", "--tenant", "acme"]) == 78
+    assert capsys.readouterr().err.startswith("toolworker: invalid setting: TOOLWORKER_CONCURRENCY: ")

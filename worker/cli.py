@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from worker.connections import RedisUnavailable, check_reachable, sync_client
 from worker.constants import DEFAULT_QUEUE
 from worker.errors import RedisLost
@@ -28,6 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RedisUnavailable, RedisLost) as exc:  # EX_UNAVAILABLE, the reason on one line, no traceback
         print(f"toolworker: {exc}", file=sys.stderr)
         return 69
+    except ValidationError as exc:  # EX_CONFIG: a TOOLWORKER_* setting the settings refuse (never its value)
+        for error in exc.errors(include_input=False):
+            where = "".join(f"TOOLWORKER_{str(part).upper()}: " for part in error["loc"][:1])
+            message = error["msg"].removeprefix("Value error, ")
+            print(f"toolworker: invalid setting: {where}{message}", file=sys.stderr)
+        return 78
     return code
 
 
@@ -556,8 +564,11 @@ def _dead_letters(args: argparse.Namespace) -> int:
     import asyncio
 
     settings = get_settings()
+    try:  # items stay on the shard they were found on
+        url = settings.shards.named(args.shard).url if args.shard else settings.redis_url
+    except ValueError as exc:
+        raise SystemExit(f"toolworker dead-letters: {exc}") from None
     _check_redis(settings)
-    url = settings.shards.named(args.shard).url if args.shard else settings.redis_url  # items stay on their shard
     return asyncio.run(_dead_letters_async(settings, url, args.action, getattr(args, "item", "")))
 
 
