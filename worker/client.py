@@ -210,10 +210,6 @@ class AsyncToolClient:
             raise
         return [m["callId"] for m in messages]
 
-    def shard_of(self, tenant: str) -> Shard:
-        """The shard a tenant's calls go to."""
-        return self.shards.of(checked_tenant(tenant))
-
     def redis_of(self, tenant: str) -> aioredis.Redis:
         """The client of a tenant's shard (its parked calls, its results)."""
         return self._link_of(tenant).redis
