@@ -34,8 +34,8 @@ from benchmarks import gateway, pipeline
 from benchmarks.gateway import CONCURRENCY
 from benchmarks.pipeline import Sample
 from worker.dev.embedded import EmbeddedRedis
-from worker.gateway.identity import OAuthSpec, static_tokens
-from worker.gateway.oauth import JwtVerifier
+from worker.gateway.identity.oauth import JwtVerifier
+from worker.gateway.identity.principals import OAuthSpec, static_tokens
 from worker.settings import Settings
 
 STATIC_TOKEN = "bench-static-token-0123456789abcdef"

@@ -55,11 +55,33 @@ ACROSS_SEAMS = {("worker.client", "worker.queue.scheduler")}
 # connect links (consent over MCP), and exchanges tokens at enqueue with the same client and directory of
 # authorization servers the workers refresh with. Nothing else of call/.
 VAULT_MODULES = ("worker.call.vault", "worker.call.connect", "worker.call.delegated")
-GATEWAY_MODULES = ("worker.gateway.delegation", "worker.gateway.connections", "worker.gateway.security")
+GATEWAY_MODULES = (
+    "worker.gateway.identity.delegation",
+    "worker.gateway.rest.connections",
+    "worker.gateway.identity.security",
+)
 ACROSS_SEAMS |= {(gateway, vault) for gateway in GATEWAY_MODULES for vault in VAULT_MODULES}
 # The cache: the gateway answers a hit without the queue, so it finds an answer under the key the workers
 # store it under, computed by the one function of the call's cache.
 ACROSS_SEAMS |= {("worker.gateway.calls", "worker.call.cache")}
+# The gateway's rooms, top to bottom: the app composes the surfaces, which share the calls and the catalog,
+# which use identity (who calls) and the leaves. A room is a sub-package or a top-level module.
+GATEWAY_FLOORS: list[frozenset[str]] = [
+    frozenset({"worker.gateway.app"}),
+    frozenset({"worker.gateway.mcp", "worker.gateway.rest", "worker.gateway.console", "worker.gateway.toolserver"}),
+    frozenset({"worker.gateway.calls", "worker.gateway.catalog", "worker.gateway.decisions"}),
+    frozenset({"worker.gateway.identity"}),
+    frozenset(
+        {
+            "worker.gateway",
+            "worker.gateway.claims",
+            "worker.gateway.withdraw",
+            "worker.gateway.headers",
+            "worker.gateway.health",
+            "worker.gateway.metrics",
+        }
+    ),
+]
 # The OpenAPI reader's modules, each using only those before it.
 OPENAPI = "worker.definitions.readers.openapi"
 OPENAPI_ORDER = ["refs", "schemas", "operations", "tools", "importer", "entries"]
@@ -135,6 +157,32 @@ def test_no_import_cycle_between_units() -> None:
     except CycleError as exc:
         pytest.fail(f"import cycle: {exc.args[1]}")
     assert order
+
+
+def room(module: str) -> str:
+    """The gateway room a gateway module belongs to: its sub-package or top-level module."""
+    return ".".join(module.split(".")[:3])
+
+
+def gateway_floor(module: str) -> int:
+    return next(i for i, names in enumerate(GATEWAY_FLOORS) if room(module) in names)
+
+
+def test_the_gateway_rooms_point_down() -> None:
+    """Every gateway module has a floor; the app over the surfaces over calls and catalog over identity."""
+    gateway = [name for name in WORKER if unit(name) == "worker.gateway"]
+    assert sorted({room(name) for name in gateway} - set().union(*GATEWAY_FLOORS)) == []
+    inside = [(a, b) for a, b in edges() if unit(a) == unit(b) == "worker.gateway"]
+    upward = [f"{a} -> {b}" for a, b in inside if gateway_floor(b) < gateway_floor(a)]
+    assert upward == []
+    graph: dict[str, set[str]] = {}
+    for a, b in inside:
+        if room(a) != room(b):
+            graph.setdefault(room(a), set()).add(room(b))
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        pytest.fail(f"import cycle between gateway rooms: {exc.args[1]}")
 
 
 def test_the_openapi_reader_reads_top_down() -> None:

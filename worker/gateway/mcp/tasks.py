@@ -54,8 +54,9 @@ from worker.constants import MAX_CALL_TIMEOUT_S
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.gateway.calls import Calls, CallSpec
-from worker.gateway.identity import LOCAL, Principal, principal_of
-from worker.gateway.task_store import Cursor, TaskRecord, TaskStore, new_task_id, now_iso
+from worker.gateway.identity.principals import LOCAL, Principal, principal_of
+from worker.gateway.mcp.results import tool_result
+from worker.gateway.mcp.task_store import Cursor, TaskRecord, TaskStore, new_task_id, now_iso
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -449,8 +450,6 @@ def _last_updated(view: TaskView) -> str:
 
 
 def _tool_result(envelope: ToolResult, task_id: str, generation: Generation) -> dict[str, Any]:
-    from worker.gateway.mcp import tool_result  # the one shape of a call's tool result
-
     answer = tool_result(envelope, task_id, 0.0)
     if generation == "2025":
         answer.pop("resultType", None)
