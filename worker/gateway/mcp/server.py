@@ -64,7 +64,8 @@ from worker.gateway.mcp import asking, discovery
 from worker.gateway.mcp import output as mcp_output
 from worker.gateway.mcp.consent import consent_first
 from worker.gateway.mcp.results import CALL_META_KEY, text_result, tool_result
-from worker.gateway.mcp.tasks import McpTasks, TaskListen, TaskServer
+from worker.gateway.mcp.task_listen import TaskListen
+from worker.gateway.mcp.tasks import McpTasks, TaskServer
 from worker.queue import approvals
 from worker.settings import Settings
 
@@ -124,7 +125,7 @@ class McpFront:
             version=version(),
             instructions=INSTRUCTIONS,
             get_tool_input_schema=self._input_schema,
-            on_subscriptions_listen=TaskListen(self.bus, self.tasks),
+            on_subscriptions_listen=TaskListen(self.bus, self.tasks.watch if self.tasks is not None else None),
         )
         if not tracing.enabled():  # the SDK's span of each request, a no-op that only costs time when not tracing
             server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)
