@@ -226,7 +226,7 @@ class McpFront:
             self._spawn(self._withdraw(submitted.call_id, name, submitted.principal.tenant))
             raise
         if envelope is None:
-            await self.calls.hold(submitted, spec)
+            self.calls.hold(submitted)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         entry = self._entry(ctx, submitted.tool)
         return tool_result(envelope, submitted.call_id, self.timeout_s, submitted.tool, entry, ctx.protocol_version)

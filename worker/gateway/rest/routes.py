@@ -4,6 +4,9 @@
                                   or no envelope within waitSeconds)
     GET    /v1/calls/{callId}     its envelope (200), still pending (202), unknown (404); ?waitSeconds=S
     DELETE /v1/calls/{callId}     take a call that has not started off the queue (200), else 409/404
+
+A call is answered (GET, DELETE) only to the principal that made it and to those with the `operate` grant;
+to anyone else it is unknown (404), as an MCP task is.
     POST   /v1/batches            many calls at once, answered in order
     GET    /v1/tools              the catalog (?tag=T, ?format=summary|openai|anthropic|mcp)
     GET    /v1/tools/search       ?question=Q&top_k=N (&format=...)
@@ -47,7 +50,7 @@ from worker.gateway.calls import (
 )
 from worker.gateway.decisions import NotAllowed
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity.principals import access_token_of, principal_of
+from worker.gateway.identity.principals import Principal, access_token_of, principal_of
 from worker.gateway.rest.bodies import BadBody, json_body, parse
 from worker.protocol import MAX_CALLBACK_URL_CHARS
 from worker.queue.approvals import NotParked
@@ -175,7 +178,7 @@ class Rest:
         envelope = await self._answer(submitted, body.wait and not parked, body.waitSeconds, body.timeoutSeconds)
         metrics.observe("rest", envelope, time.perf_counter() - started)
         if envelope is None:
-            await self.calls.hold(submitted, spec)
+            self.calls.hold(submitted)
             return pending(submitted.call_id, state=AWAITING_APPROVAL if parked else "pending")
         return JSONResponse(envelope.to_dict())
 
@@ -184,8 +187,8 @@ class Rest:
         wait_s = _float_param(request, "waitSeconds", 0.0, MAX_WAIT_S)
         principal = principal_of(request.scope)
         known = await self.calls.tool_of(call_id, principal) is not None
-        envelope = await self.calls.wait(call_id, wait_s if known else 0.0)
-        if envelope is not None and self.calls.visible(principal).tool(envelope.tool) is not None:
+        envelope = await self._envelope(call_id, principal, wait_s if known else 0.0, known)
+        if envelope is not None:
             return JSONResponse(envelope.to_dict())
         return pending(call_id) if known else error(404, "unknown_call", f"No call {call_id!r} is known.")
 
@@ -193,12 +196,22 @@ class Rest:
         call_id = request.path_params["call_id"]
         principal = principal_of(request.scope)
         tool = await self.calls.tool_of(call_id, principal)
-        if tool is None and await self.calls.wait(call_id, 0.0) is None:
+        if tool is None and await self._envelope(call_id, principal, 0.0, known=False) is None:
             return error(404, "unknown_call", f"No call {call_id!r} is waiting.")
         if tool is not None and await self.calls.withdraw(call_id, tool, principal.tenant):
             metrics.WITHDRAWN.inc()
             return JSONResponse({"callId": call_id, "withdrawn": True})
         return error(409, "already_started", "The call was taken by a worker already; it runs to its end.")
+
+    async def _envelope(self, call_id: str, principal: Principal, wait_s: float, known: bool) -> ToolResult | None:
+        """The call's envelope for `principal`: its own call's (`known`), or any call's for an operator (one
+        the gateway holds no claim of: enqueued elsewhere, or its claim expired); never another's."""
+        if not known and not principal.grant.may("operate"):
+            return None
+        envelope = await self.calls.wait(call_id, wait_s)
+        if envelope is None or self.calls.visible(principal).tool(envelope.tool) is None:
+            return None
+        return envelope
 
     async def create_batch(self, request: Request) -> Response:
         body = parse(BatchBody, await json_body(request))
@@ -222,7 +235,7 @@ class Rest:
         parked = self.calls.needs_approval(submitted.tool)
         envelope = await self._answer(submitted, batch.wait and not parked, batch.waitSeconds, call.timeoutSeconds)
         if envelope is None:
-            await self.calls.hold(submitted, spec)
+            self.calls.hold(submitted)
             return {"callId": submitted.call_id, "status": AWAITING_APPROVAL if parked else "pending"}
         return envelope.to_dict()
 
