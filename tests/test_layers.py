@@ -39,6 +39,7 @@ LAYERS: list[frozenset[str]] = [
             "worker.tracing",
             "worker.heap",
             "worker.shards",
+            "worker.sealing",
         }
     ),
 ]

@@ -94,6 +94,7 @@ class UserTokens:
         clock: Clock = time.time,
     ) -> None:
         self.vault = Vault(redis, keyring) if redis is not None and keyring else None
+        self.keyring = keyring  # also opens the calls' sealed headers (worker/call/call_headers.py)
         self.links = links
         self.directory = Directory()
         self._audit_maxlen = audit_maxlen
