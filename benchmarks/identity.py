@@ -35,8 +35,8 @@ from benchmarks.harness.constants import CONCURRENCY, RAW_CONCURRENCY, UPSTREAM_
 from benchmarks.harness.load import gateway_row, mcp, rest
 from benchmarks.harness.meter import Sample
 from worker.dev.embedded import EmbeddedRedis
-from worker.gateway.identity import OAuthSpec, static_tokens
-from worker.gateway.oauth import JwtVerifier
+from worker.gateway.identity.oauth import JwtVerifier
+from worker.gateway.identity.principals import OAuthSpec, static_tokens
 from worker.settings import Settings
 
 STATIC_TOKEN = "bench-static-token-0123456789abcdef"

@@ -123,7 +123,7 @@ def validate(args: argparse.Namespace) -> int:
 
 def _access_problems() -> int:
     """The gateway's access file (TOOLWORKER_GATEWAY_ACCESS), when there is one: its problems, printed."""
-    from worker.gateway.identity import access_problems
+    from worker.gateway.identity.principals import access_problems
 
     problems = access_problems(get_settings())
     for problem in problems:

@@ -16,7 +16,7 @@ from worker.settings import Settings, get_settings
 
 def audit_trail(args: argparse.Namespace) -> int:
 
-    from worker.gateway import audit
+    from worker.gateway.identity import audit
 
     settings = get_settings()
     try:
@@ -37,7 +37,7 @@ def audit_trail(args: argparse.Namespace) -> int:
 def connections(args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker.gateway.connections import run_command
+    from worker.gateway.rest.connections import run_command
 
     settings = get_settings()
     check_redis(settings)
@@ -110,7 +110,7 @@ def _audit_action(settings: Settings, name: str, target: str) -> None:
     """An operator's action from the command line, in the gateway's audit trail (`cli:<user>`)."""
     import getpass
 
-    from worker.gateway.audit import action, write_action
+    from worker.gateway.identity.audit import action, write_action
 
     with sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30) as client:
         write_action(client, action(f"cli:{getpass.getuser()}", "default", name, target), settings.audit_stream_maxlen)
@@ -145,9 +145,9 @@ def _with_decisions(work: Any) -> Any:
     import getpass
 
     from worker.connections import async_client
-    from worker.gateway.audit import AuditTrail
     from worker.gateway.decisions import Decisions
-    from worker.gateway.identity import Principal
+    from worker.gateway.identity.audit import AuditTrail
+    from worker.gateway.identity.principals import Principal
     from worker.queue.publisher import Publisher
 
     settings = get_settings()

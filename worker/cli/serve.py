@@ -95,7 +95,8 @@ def dev(args: argparse.Namespace) -> int:
 
 
 def gateway(args: argparse.Namespace) -> int:
-    from worker.gateway.app import Options, serve
+    from worker.gateway.app import serve
+    from worker.gateway.mcp.server import Options
     from worker.logs import configure
 
     settings = get_settings()
@@ -106,8 +107,8 @@ def gateway(args: argparse.Namespace) -> int:
 
 
 def mcp(args: argparse.Namespace) -> int:
-    from worker.gateway.app import Options
-    from worker.gateway.stdio import serve_stdio
+    from worker.gateway.mcp.server import Options
+    from worker.gateway.mcp.stdio import serve_stdio
     from worker.logs import configure
 
     settings = get_settings()
