@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 import redis.asyncio as aioredis
 import structlog
 
-from worker.call.renewal import REFRESH_AT_SHARE
+from worker.call.renewal import REFRESH_AT_SHARE, SEND_MARGIN_S
 from worker.constants import AUDIT_STREAM_KEY
 from worker.sealing import Keyring as Keyring
 from worker.sealing import VaultKeyError as VaultKeyError
@@ -54,7 +54,8 @@ class TokenSet:
         return now >= self.refresh_at(REFRESH_AT_SHARE)
 
     def usable(self, now: float) -> bool:
-        return not self.expires_at or now < self.expires_at
+        """Whether it may still be sent: it has SEND_MARGIN_S of its life left."""
+        return not self.expires_at or now + SEND_MARGIN_S < self.expires_at
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
