@@ -36,7 +36,7 @@ from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.console.fleet import Workers, tenant_rows
 from worker.gateway.console.gate import CONSOLE_PATH, Gate, csrf_of
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, new_secret
-from worker.gateway.console.sources import Approvals, Connections, Decision, Extensions, NotWaiting
+from worker.gateway.console.sources import Decision, Extensions, NotWaiting
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity.audit import action
 from worker.queue.dead_letter_store import DeadLetterError, DeadLetters, NoSuchItem
@@ -333,14 +333,16 @@ class Console:
         return RedirectResponse(f"/console/dead-letters?replayed={item}", 303)
 
     async def approvals(self, request: Request, session: Session) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]  # routed only with one
+        source = self.extensions.approvals
+        assert source is not None  # routed only with one
         waiting = await source.waiting()
         done = {k: request.query_params.get(k, "") for k in ("approve", "deny")}
         may = session.principal.grant.may("approve")
         return self._view("approvals.html", session, waiting=waiting, done=done, may=may, nav="Approvals")
 
     async def decide(self, request: Request, session: Session, form: FormData) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]
+        source = self.extensions.approvals
+        assert source is not None  # routed only with one
         call_id, asked, reason = request.path_params["call_id"], form.get("decision"), form.get("reason")
         reason = reason.strip() if isinstance(reason, str) else ""
         decision = DECISIONS.get(asked if isinstance(asked, str) else "")
@@ -358,7 +360,8 @@ class Console:
         return RedirectResponse(f"{APPROVALS}?{decision}={call_id}", 303)
 
     async def connections(self, request: Request, session: Session) -> Response:
-        source: Connections = self.extensions.connections  # type: ignore[assignment]
+        source = self.extensions.connections
+        assert source is not None  # routed only with one
         user = request.query_params.get("user", "").strip()
         rows = await source.connections(user or None)
         return self._view("connections.html", session, rows=rows, user=user, nav="Connections")

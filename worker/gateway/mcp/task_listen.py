@@ -36,7 +36,7 @@ class Notification(BaseModel):
 
 async def send(ctx: Context, notification: BaseModel) -> None:
     """A notification on the request's own stream (the SDK types only the core vocabulary; it sends any model)."""
-    await ctx.session.send_notification(notification, related_request_id=ctx.request_id)  # type: ignore[arg-type]
+    await ctx.session.send_notification(notification, related_request_id=ctx.request_id)  # type: ignore[arg-type]  # the SDK's own union
 
 
 def principal(ctx: Context) -> Principal:
