@@ -43,7 +43,7 @@ class Record:
     exitCode: int | None  # None: the gateway answered before the call ended
     durationMs: float
 
-    def fields(self) -> dict[FieldT, EncodableT]:
+    def fields(self) -> dict[str, str]:
         return {k: "pending" if v is None else str(v) for k, v in asdict(self).items()}
 
 
@@ -56,7 +56,7 @@ class Action:
     target: str  # what it named (a dead letter's id), or ""
     detail: str = ""  # what the operator said (an approval's reason)
 
-    def fields(self) -> dict[FieldT, EncodableT]:
+    def fields(self) -> dict[str, str]:
         return {k: str(v) for k, v in asdict(self).items()}
 
 
@@ -67,7 +67,7 @@ def action(principal: str, tenant: str, name: str, target: str = "", detail: str
 def write_action(client: redis.Redis, entry: Action, maxlen: int) -> None:
     """An action's record, written at once (the CLI)."""
     log.info("operator.action", **asdict(entry))
-    client.xadd(AUDIT_STREAM_KEY, entry.fields(), maxlen=maxlen, approximate=True)
+    client.xadd(AUDIT_STREAM_KEY, stream_fields(entry), maxlen=maxlen, approximate=True)
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,13 @@ class Decision:
     decision: str  # approve | deny
     reason: str
 
-    def fields(self) -> dict[FieldT, EncodableT]:
-        return {k: str(v) for k, v in asdict(self).items()}
+    def fields(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def stream_fields(entry: Record | Action | Decision) -> dict[FieldT, EncodableT]:
+    """An entry's fields as XADD takes them (redis-py types them wider than the strings they are)."""
+    return {name: value for name, value in entry.fields().items()}
 
 
 class AuditTrail:
@@ -110,7 +115,7 @@ class AuditTrail:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for entry in batch:
-                    pipe.xadd(AUDIT_STREAM_KEY, entry.fields(), maxlen=self._maxlen, approximate=True)
+                    pipe.xadd(AUDIT_STREAM_KEY, stream_fields(entry), maxlen=self._maxlen, approximate=True)
                 await pipe.execute()
         except Exception as exc:  # the log line above is the record of last resort
             log.warning("gateway.audit_not_written", records=len(batch), error=str(exc))
