@@ -106,3 +106,47 @@ async def test_a_stdio_client_is_asked_with_elicitation_create(vault_stack: Vaul
     print(f"stdio 2025-11-25 client: elicitation/create {seen[0].mode} {seen[0].url}; then {text_of(result)}")
     assert [p.mode for p in seen] == ["url"]
     assert not result.is_error and json.loads(text_of(result)) == {"sub": "local-account"}
+
+
+async def test_a_2025_client_without_elicitation_gets_the_link_in_a_tool_error(vault_stack: VaultStack) -> None:
+    """A 2025-11-25 client over HTTP that declared no elicitation in `initialize` gets a tool error with the
+    connect link, not -32042: its session carries what it declared to whichever gateway process answers."""
+    async with mcp_client(vault_stack, "leo", "legacy") as client:
+        assert client.protocol_version == "2025-11-25"
+        first = await client.call_tool("whoami", {})
+        print(f"2025-11-25 client without elicitation: isError={first.is_error}: {text_of(first)}")
+        assert first.is_error and first.meta is not None
+        assert first.meta["toolworker/call"]["exitCode"] == 67  # type: ignore[index]
+        page = await asyncio.to_thread(consent, link_in(text_of(first)), "leo-account")
+        assert page.status_code == 200, page.text
+        second = await client.call_tool("whoami", {})
+    assert not second.is_error and json.loads(text_of(second)) == {"sub": "leo-account"}
+
+
+def test_a_session_id_not_issued_here_is_refused_with_404(vault_stack: VaultStack) -> None:
+    """A forged session id, and one issued to another principal, are 404 (Streamable HTTP: start a new
+    session); the issued one is accepted, and after DELETE it is 404 too."""
+    url, headers = (
+        vault_stack.url + "/mcp",
+        {**bearer(token_of("mia")), "Accept": "application/json, text/event-stream"},
+    )
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    opened = httpx2.post(url, json=initialize, headers=headers, timeout=30)
+    session = opened.headers["mcp-session-id"]
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+
+    def post(session_id: str, token: str = token_of("mia")) -> int:
+        with_session = {**headers, **bearer(token), "Mcp-Session-Id": session_id, "MCP-Protocol-Version": "2025-11-25"}
+        return httpx2.post(url, json=ping, headers=with_session, timeout=30).status_code
+
+    assert opened.status_code == 200 and len(session) >= 40
+    assert post(session) == 200
+    assert post("forged-" + session[7:]) == 404
+    assert post(session, token_of("leo")) == 404
+    ended = httpx2.delete(url, headers={**headers, "Mcp-Session-Id": session}, timeout=30)
+    assert ended.status_code == 200 and post(session) == 404

@@ -23,7 +23,7 @@ from worker.dev.embedded import EmbeddedRedis, free_port
 VAULT_KEY = "k1:" + base64.b64encode(b"v" * 32).decode()
 PEOPLE_SECRET = "people-secret-0123456789abcdef"
 EXCHANGE_SECRET = "exchange-secret-0123456789abcdef"
-USERS = ("alice", "bob", "carol", "dave", "eve", "frank", "grace", "henry", "ivy", "judy", "kate")
+USERS = ("alice", "bob", "carol", "dave", "eve", "frank", "grace", "henry", "ivy", "judy", "kate", "leo", "mia")
 ALICE_TOKEN, BOB_TOKEN, CAROL_TOKEN, DAVE_TOKEN, EVE_TOKEN, FRANK_TOKEN, GRACE_TOKEN = (
     f"{n}-static-token-0123456789" for n in USERS[:7]
 )
