@@ -84,8 +84,8 @@ APPROVAL_INPUT_KEY = "toolworker/approval"
 HOW_TO_APPROVE = (
     "The tool {tool} needs a human's approval before it runs, and this client cannot be asked here (asking "
     "takes elicitation: a 2026-07-28 client that declares it, or an earlier one on stdio; over HTTP this "
-    "endpoint does not send requests to an earlier client). Nothing was sent. Use such a client, or make the call through "
-    "REST (POST /v1/calls): it is parked until a principal with the `approve` grant approves it "
+    "endpoint does not send requests to an earlier client). Nothing was sent. Use such a client, or make the "
+    "call through REST (POST /v1/calls): it is parked until a principal with the `approve` grant approves it "
     "(POST /v1/approvals/{{callId}}, or `toolworker approvals approve`)."
 )
 _CURSOR_PREFIX = "after:"
