@@ -194,12 +194,14 @@ def _check_redis(settings: Settings) -> None:
 
 
 def _queue_gauges(settings: Settings, queues: str | None) -> list[Any]:
-    """The queue depth and in-flight gauges of the queues this worker consumes."""
+    """The queue depth, in-flight and age gauges of the queues this worker consumes."""
 
+    from worker.queue.ages import QueueAges
     from worker.queue.depth import QueueDepth
 
     client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-    return [QueueDepth(client, [q.strip() for q in (queues or DEFAULT_QUEUE).split(",") if q.strip()])]
+    served = [q.strip() for q in (queues or DEFAULT_QUEUE).split(",") if q.strip()]
+    return [QueueDepth(client, served), QueueAges(client, served)]
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -474,14 +476,16 @@ def _queue(args: argparse.Namespace) -> int:
             client.close()
     for problem in problems:
         print(f"toolworker queue: {problem}", file=sys.stderr)
-    columns = ["queue", "tenant", "waiting", "queued", "in_flight"]
+    columns = ["queue", "tenant", "waiting", "queued", "in_flight", "oldest_waiting_s", "oldest_running_s"]
     if not settings.shards.sharded:
         rows = [{k: v for k, v in row.items() if k != "shard"} for row in rows]
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
-        _print_table(rows, ["shard", *columns] if settings.shards.sharded else columns)
+        shown = [{k: "-" if v is None else v for k, v in row.items()} for row in rows]
+        _print_table(shown, ["shard", *columns] if settings.shards.sharded else columns)
         print("waiting: messages in the tenant's lists; queued: calls counted at enqueue; in_flight: calls running")
+        print("oldest_waiting_s, oldest_running_s: age of the oldest call waiting, running (since its enqueue)")
     return 1 if problems else 0
 
 

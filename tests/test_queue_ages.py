@@ -1,0 +1,98 @@
+"""The age gauges: the oldest waiting and running call per queue and tenant, read from the lists' tails."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import fakeredis
+import pytest
+
+from worker.constants import TENANT_LIMITS_KEY
+from worker.protocol import task_message
+from worker.queue import scheduler
+from worker.queue.ages import AgeReader, QueueAges, enqueued_at
+from worker.queue.leases import HOLDERS_KEY, inflight_key
+
+
+def stamped(call_id: str, seconds_ago: float, batch: bool = False) -> str:
+    """A message as the client writes it, its call enqueued `seconds_ago`."""
+    at = (datetime.now(UTC) - timedelta(seconds=seconds_ago)).isoformat()
+    call = {"callId": call_id, "tool": "echo", "enqueuedAt": at}
+    args = [[call, dict(call, callId=call_id + "-2")]] if batch else [call]
+    return task_message(call_id, args, "toolcalls")
+
+
+def stock(call_id: str) -> str:
+    """A stock Celery producer's message: base64 body, no enqueue stamp."""
+    body = base64.b64encode(json.dumps([[{"callId": call_id, "tool": "echo"}], {}, {}]).encode()).decode()
+    return json.dumps(
+        {"body": body, "headers": {"task": "x", "id": call_id}, "properties": {"body_encoding": "base64"}}
+    )
+
+
+def by_key(rows: list) -> dict[tuple[str, str], tuple[float | None, float | None]]:
+    return {(row.queue, row.tenant): (row.waiting_s, row.running_s) for row in rows}
+
+
+def test_the_stamp_is_read_from_single_calls_and_batches() -> None:
+    """enqueuedAt is read from a lone call and from a batch's first call; a message without one gives None."""
+    assert enqueued_at(stamped("a", 20).encode()) == pytest.approx(time.time() - 20, abs=1)
+    assert enqueued_at(stamped("b", 5, batch=True).encode()) == pytest.approx(time.time() - 5, abs=1)
+    assert enqueued_at(stock("c").encode()) is None
+    assert enqueued_at(b"not json") is None
+
+
+def test_the_oldest_waiting_call_is_the_tail_of_each_tenants_list() -> None:
+    """The default tenant's oldest over its priority lists, a named tenant's from its own list; a wake-up
+    item at the tail is stepped over; an empty line has no age."""
+    client = fakeredis.FakeRedis()
+    client.hset(TENANT_LIMITS_KEY, mapping={"alpha": "1 0 0", "beta": "1 0 0"})
+    client.lpush("toolcalls", stamped("d1", 40), stamped("d2", 3))
+    client.lpush("toolcalls" + scheduler.SEP + "9", stamped("p9", 70))
+    client.lpush(scheduler.tenant_list("toolcalls", "alpha"), stamped("a1", 12), stamped("a2", 1))
+    client.rpush(scheduler.tenant_list("toolcalls", "alpha"), scheduler.WAKE)
+    ages = by_key(AgeReader(client).read(["toolcalls"]))
+    assert ages[("toolcalls", "default")][0] == pytest.approx(70, abs=1)
+    assert ages[("toolcalls", "alpha")][0] == pytest.approx(12, abs=1)
+    assert ages[("toolcalls", "beta")] == (None, None)
+
+
+def test_running_calls_are_aged_from_the_holders_in_flight_lists() -> None:
+    """A tenant with calls in flight: the oldest over every live holder's in-flight list of its queue."""
+    client = fakeredis.FakeRedis()
+    client.sadd(HOLDERS_KEY, "h:1:a", "h:2:b")
+    client.hset(scheduler.IN_FLIGHT_KEY, mapping={"gamma": 2, "default": 0})
+    key = scheduler.tenant_list("toolcalls", "gamma")
+    client.lpush(inflight_key("h:1:a", key), stamped("g1", 8))
+    client.lpush(inflight_key("h:2:b", key), stamped("g2", 25), stamped("g3", 2))
+    rows = AgeReader(client).read(["toolcalls"])
+    assert by_key(rows)[("toolcalls", "gamma")][1] == pytest.approx(25, abs=1)
+    assert by_key(rows)[("toolcalls", "default")] == (None, None)
+
+
+def test_an_unstamped_message_ages_from_when_it_was_first_seen() -> None:
+    """A stock producer's message breaks nothing: 0 at the first read, growing at the next ones."""
+    client = fakeredis.FakeRedis()
+    client.lpush("toolcalls", stock("s1"))
+    reader = AgeReader(client)
+    first = by_key(reader.read(["toolcalls"]))[("toolcalls", "default")][0]
+    time.sleep(0.2)
+    later = by_key(reader.read(["toolcalls"]))[("toolcalls", "default")][0]
+    assert first == 0 and later is not None and later >= 0.2
+
+
+def test_the_gauges_fold_unlisted_tenants_into_other() -> None:
+    """Listed tenants keep their label (0 when idle); the ring's unlisted tenants are `other`, the oldest."""
+    client = fakeredis.FakeRedis()
+    client.hset(TENANT_LIMITS_KEY, mapping={"alpha": "1 0 0"})
+    for name, age in (("x", 5), ("y", 50)):
+        client.zadd(scheduler.RING_PREFIX + "toolcalls", {name: 1})
+        client.lpush(scheduler.tenant_list("toolcalls", name), stamped(name, age))
+    families = {family.name: family for family in QueueAges(client, ["toolcalls"]).collect()}
+    samples = {s.labels["tenant"]: s.value for s in families["toolworker_queue_oldest_age_seconds"].samples}
+    assert set(samples) == {"alpha", "default", "other"}
+    assert samples["alpha"] == 0 and samples["default"] == 0
+    assert samples["other"] == pytest.approx(50, abs=1)
