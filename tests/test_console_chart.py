@@ -4,6 +4,7 @@ go to the pytest temporary directory (`<basetemp>/console-chart0/`)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -33,6 +34,7 @@ DEFINITIONS = FIXTURES / "console"
 class ChartStack:
     gateway: Gateway
     shots: Path
+    env: dict[str, str]
 
     @property
     def url(self) -> str:
@@ -57,7 +59,7 @@ def stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) -> It
         genv = gateway_env(server.url, DEFINITIONS, TOOLWORKER_GATEWAY_TOKENS=OPERATOR_TOKEN)
         gateway = start_gateway(genv, directory / "gateway.log", port)
         wait_listening(gateway, ready=True)
-        yield ChartStack(gateway, directory)
+        yield ChartStack(gateway, directory, env)
     finally:
         if gateway is not None:
             gateway.stop()
@@ -156,3 +158,22 @@ def test_a_stalled_queue_shows_a_growing_age(stack: ChartStack, page: Page) -> N
     page.screenshot(path=str(stack.shots / "chart-stalled.png"), full_page=True)
     held = [row for row in page.locator("#tenants tbody tr").all_inner_texts() if row.startswith("console-held")]
     assert any("default" in row for row in held)
+
+
+def test_top_prints_the_same_figures(stack: ChartStack) -> None:
+    """`toolworker top --once`: the held queue's oldest waiting call, and toolcalls' calls answered; its text
+    frame names both."""
+    call(stack, "held_echo", "top-held", wait=False)
+    for n in range(3):
+        call(stack, "echo_get", f"top-{n}")
+    argv = [sys.executable, "-m", "worker", "top", "--once"]
+
+    def figures() -> dict[str, dict[str, float | None]]:
+        shown = subprocess.run([*argv, "--format", "json"], env=stack.env, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        return {row["queue"]: row for row in json.loads(shown.stdout) if row["tenant"] == "default"}
+
+    wait_until(lambda: (figures().get("console-held", {}).get("oldest_waiting_s") or 0) > 0, 30, "the held age")
+    wait_until(lambda: "toolcalls" in figures(), 30, "toolcalls' calls in top")
+    text = subprocess.run(argv, env=stack.env, capture_output=True, text=True, timeout=60).stdout
+    assert "console-held" in text and "toolcalls" in text and "WAITING" in text

@@ -632,8 +632,14 @@ def _audit_action(settings: Settings, name: str, target: str) -> None:
         write_action(client, action(f"cli:{getpass.getuser()}", "default", name, target), settings.audit_stream_maxlen)
 
 
+def _top_parser(commands: Any) -> None:
+    from worker.top import add_parser
+
+    add_parser(commands)
+
+
 # The commands registered apart from `_parser`'s own lines, in the order `--help` lists them.
-_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser)
+_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser, _top_parser)
 
 
 if __name__ == "__main__":  # pragma: no cover
