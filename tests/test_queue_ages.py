@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import fakeredis
 import pytest
+import redis
 
+from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
+from tests.support.prometheus import scrape, wait_for_sample
+from tests.support.servers import DnsServer
+from tests.support.waiting import wait_until
+from worker.client import ToolClient
 from worker.constants import TENANT_LIMITS_KEY
+from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.protocol import task_message
 from worker.queue import scheduler
 from worker.queue.ages import AgeReader, QueueAges, enqueued_at
@@ -96,3 +106,47 @@ def test_the_gauges_fold_unlisted_tenants_into_other() -> None:
     assert set(samples) == {"alpha", "default", "other"}
     assert samples["alpha"] == 0 and samples["default"] == 0
     assert samples["other"] == pytest.approx(50, abs=1)
+
+
+@pytest.fixture(scope="module")
+def capped_worker(
+    tmp_path_factory: pytest.TempPathFactory, upstream: Upstream, dns_server: DnsServer
+) -> Iterator[tuple[str, int, dict[str, str]]]:
+    """A worker with its metrics served, on a Redis of its own; tenant `capped` runs one call at a time."""
+    directory = tmp_path_factory.mktemp("ages-worker")
+    server = EmbeddedRedis(directory / "redis").start()
+    port = free_port()
+    env = worker_env(server.url, upstream.url, dns_server.address, FIXTURES / "ages")
+    env["TOOLWORKER_METRICS_PORT"] = str(port)
+    process = start_worker(env, directory / "worker.log")
+    try:
+        yield server.url, port, env
+    finally:
+        stop_worker(process)
+        server.stop()
+
+
+@pytest.mark.integration
+def test_a_real_worker_serves_the_ages_and_toolworker_queue_prints_them(
+    capped_worker: tuple[str, int, dict[str, str]],
+) -> None:
+    """Three 8 s calls of a tenant capped at one in flight: the worker's /metrics shows the waiting ones'
+    age and the running one's, growing; `toolworker queue --format json` shows the same ages."""
+    redis_url, port, env = capped_worker
+    with redis.Redis.from_url(redis_url) as r:  # the worker has written the tenants' limits: it is up
+        wait_until(lambda: r.hexists(TENANT_LIMITS_KEY, "capped"), 60, "the worker's tenants")
+    with ToolClient(redis_url, tenant="capped") as client:
+        handles = [client.submit("slow", {"delay": 8}, timeout=60) for _ in range(3)]
+        waiting = ("toolworker_queue_oldest_age_seconds", frozenset({"queue": "toolcalls", "tenant": "capped"}.items()))
+        running = ("toolworker_queue_oldest_running_age_seconds", waiting[1])
+        assert wait_for_sample(port, waiting, 2.0) >= 2.0
+        assert wait_for_sample(port, running, 2.0) >= 2.0
+        later = wait_for_sample(port, waiting, scrape(port)[waiting] + 1.0)
+        assert later >= 3.0  # it grows while the calls wait
+        shown = subprocess.run(
+            [sys.executable, "-m", "worker", "queue", "--format", "json"], env=env, capture_output=True, text=True
+        )
+        assert shown.returncode == 0, shown.stderr
+        row = next(r for r in json.loads(shown.stdout) if r["queue"] == "toolcalls" and r["tenant"] == "capped")
+        assert row["oldest_waiting_s"] >= 2.0 and row["oldest_running_s"] >= 2.0
+        assert all(handle.get(timeout=60).exit_code == 0 for handle in handles)
