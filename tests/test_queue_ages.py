@@ -19,7 +19,7 @@ from tests.support.prometheus import scrape, wait_for_sample
 from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until
 from worker.client import ToolClient
-from worker.constants import TENANT_LIMITS_KEY
+from worker.constants import ENQUEUED_HEADER, TENANT_LIMITS_KEY
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.protocol import task_message
 from worker.queue import scheduler
@@ -27,12 +27,18 @@ from worker.queue.ages import AgeReader, QueueAges, enqueued_at
 from worker.queue.leases import HOLDERS_KEY, inflight_key
 
 
-def stamped(call_id: str, seconds_ago: float, batch: bool = False) -> str:
-    """A message as the client writes it, its call enqueued `seconds_ago`."""
-    at = (datetime.now(UTC) - timedelta(seconds=seconds_ago)).isoformat()
-    call = {"callId": call_id, "tool": "echo", "enqueuedAt": at}
+def stamped(call_id: str, seconds_ago: float, batch: bool = False, header: bool = True) -> str:
+    """A message as the client writes it, enqueued `seconds_ago` (in its header, and in its calls'
+    `enqueuedAt`); without the header, as a producer that stamps only the calls would."""
+    at = datetime.now(UTC) - timedelta(seconds=seconds_ago)
+    call = {"callId": call_id, "tool": "echo", "enqueuedAt": at.isoformat()}
     args = [[call, dict(call, callId=call_id + "-2")]] if batch else [call]
-    return task_message(call_id, args, "toolcalls")
+    message = json.loads(task_message(call_id, args, "toolcalls"))
+    if header:
+        message["headers"][ENQUEUED_HEADER] = int(at.timestamp() * 1000)
+    else:
+        del message["headers"][ENQUEUED_HEADER]
+    return json.dumps(message)
 
 
 def stock(call_id: str) -> str:
@@ -47,10 +53,15 @@ def by_key(rows: list) -> dict[tuple[str, str], tuple[float | None, float | None
     return {(row.queue, row.tenant): (row.waiting_s, row.running_s) for row in rows}
 
 
-def test_the_stamp_is_read_from_single_calls_and_batches() -> None:
-    """enqueuedAt is read from a lone call and from a batch's first call; a message without one gives None."""
+def test_the_stamp_is_read_from_the_header_else_from_the_calls() -> None:
+    """The client's header first; without it, enqueuedAt of a lone call or a batch's first call; a message
+    without either gives None. A call whose arguments name `enqueuedAt` does not fool the header's reading."""
     assert enqueued_at(stamped("a", 20).encode()) == pytest.approx(time.time() - 20, abs=1)
-    assert enqueued_at(stamped("b", 5, batch=True).encode()) == pytest.approx(time.time() - 5, abs=1)
+    assert enqueued_at(stamped("a", 20, header=False).encode()) == pytest.approx(time.time() - 20, abs=1)
+    assert enqueued_at(stamped("b", 5, batch=True, header=False).encode()) == pytest.approx(time.time() - 5, abs=1)
+    tricky = {"callId": "t", "tool": "echo", "arguments": {ENQUEUED_HEADER: 1, "enqueuedAt": "2001-01-01T00:00:00"}}
+    made = task_message("t", [tricky], "toolcalls")
+    assert enqueued_at(made.encode()) == pytest.approx(time.time(), abs=2)
     assert enqueued_at(stock("c").encode()) is None
     assert enqueued_at(b"not json") is None
 

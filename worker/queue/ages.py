@@ -5,12 +5,15 @@
                                                                counted from its enqueue as well
 
 Read without walking a list: every list is pushed at its head and taken from its tail, so its oldest message
-is its last element. One pipeline per read asks for the last two elements of each list (`LRANGE -2 -1`,
-O(1); two so that a wake-up item at the tail is stepped over): a queue's default-tenant lists (one per
-priority), each tenant's list (the ring's, the listed ones), and for running calls the in-flight lists of
-each live holder, for the tenants the in-flight count says have calls running. A message says when it was
-enqueued in its call's `enqueuedAt` (the client stamps it); one without (a stock Celery producer's) is aged
-from the first read that saw it at the head of the line, a lower bound, remembered per reader.
+is its last element. One pipeline reads who there is (the rings, the listed tenants, the in-flight counts,
+the live holders), then one script returns the oldest message of every list (`LRANGE -2 -1` each, O(1); two
+so that a wake-up item at the tail is stepped over): a queue's default-tenant lists (one per priority), each
+tenant's list (the ring's, the listed ones), and for running calls the in-flight lists of each live holder,
+for the tenants the in-flight count says have calls running: two round trips per read, whatever the counts.
+A message says when it was enqueued in a header of its own (ENQUEUED_HEADER, which the client's messages
+carry: read with a regular expression, the body is not decoded), else in its call's `enqueuedAt` (a stock
+Celery producer may set it; the body is decoded); one that says neither is aged from the first read that
+saw it at the head of the line, a lower bound, remembered per reader.
 
 Each read asks Redis afresh (a scrape is never stale); the figures are fleet-wide, as depth.py's are:
 aggregate them with max(). The tenant label folds unlisted tenants into `other`, as depth.py does.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,13 +36,27 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.constants import DEFAULT_TENANT, TENANT_LIMITS_KEY
+from worker.constants import DEFAULT_TENANT, ENQUEUED_HEADER, TENANT_LIMITS_KEY
 from worker.queue import scheduler
 from worker.queue.leases import HOLDERS_KEY, inflight_key
 
 log = structlog.get_logger("toolworker.metrics")
 OTHER_TENANTS = "other"
-_WAKE = scheduler.WAKE.encode()
+_ENQUEUED_RE = re.compile(rb'"' + re.escape(ENQUEUED_HEADER.encode()) + rb'": (\d+)')
+# KEYS: lists; ARGV[1]: the wake-up item. The last element of each list that is not a wake-up item (one may
+# sit at the tail of a queue's own list), false for none: LRANGE -2 -1 is O(1) at the tail.
+_OLDEST = """
+local found = {}
+for i, key in ipairs(KEYS) do
+  local tail = redis.call('LRANGE', key, -2, -1)
+  found[i] = false
+  for j = #tail, 1, -1 do
+    if tail[j] ~= ARGV[1] then found[i] = tail[j]; break end
+  end
+end
+return found
+"""
+_KEYS_PER_SCRIPT = 2000  # a script's reply stays small; a longer list of lists takes several
 
 
 @dataclass(frozen=True)
@@ -52,14 +70,18 @@ class Age:
 
 
 def enqueued_at(raw: bytes) -> float | None:
-    """When the message's (first) call was enqueued, as a Unix time; None when it does not say."""
+    """When the message was enqueued, as a Unix time: its ENQUEUED_HEADER, else its (first) call's
+    `enqueuedAt` (a stock producer may set it); None when it says neither."""
+    stamped = _ENQUEUED_RE.search(raw)  # unescaped quotes: the message's own headers, never the body's text
+    if stamped:
+        return int(stamped.group(1)) / 1000
     try:
         message = json.loads(raw)
         body: Any = message["body"]
         if message.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         call = json.loads(body)[0][0]
-        if isinstance(call, list):  # a batch: its calls share one enqueue
+        if isinstance(call, list):  # a batch: its first call is its oldest
             call = call[0]
         return datetime.fromisoformat(call["enqueuedAt"]).timestamp()
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
@@ -110,16 +132,19 @@ class AgeReader:
         running = {_text(name) for name, count in flying.items() if int(count) > 0}
         return tenants, running, sorted(_text(h) for h in holders)
 
-    def _tails(self, keys: list[str]) -> dict[str, list[bytes]]:
-        with self._client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.lrange(key, -2, -1)
-            return dict(zip(keys, pipe.execute(), strict=True))
+    def _tails(self, keys: list[str]) -> dict[str, bytes | None]:
+        """The oldest message of each list, in one script (one round trip, however many lists)."""
+        found: list[bytes | None] = []
+        for start in range(0, len(keys), _KEYS_PER_SCRIPT):
+            chunk = keys[start : start + _KEYS_PER_SCRIPT]
+            replies: Any = self._client.eval(_OLDEST, len(chunk), *chunk, scheduler.WAKE)
+            found += replies or []
+        return {key: raw or None for key, raw in zip(keys, found, strict=True)}
 
     def _oldest(
-        self, keys: list[str], tails: dict[str, list[bytes]], now: float, seen: dict[bytes, float]
+        self, keys: list[str], tails: dict[str, bytes | None], now: float, seen: dict[bytes, float]
     ) -> float | None:
-        ages = [self._age(raw, now, seen) for key in keys if (raw := _last_call(tails[key])) is not None]
+        ages = [self._age(raw, now, seen) for key in keys if (raw := tails[key]) is not None]
         return max(ages) if ages else None
 
     def _age(self, raw: bytes, now: float, seen: dict[bytes, float]) -> float:
@@ -160,12 +185,6 @@ def scheduler_lists(queue: str, tenant: str) -> list[str]:
     if tenant == DEFAULT_TENANT:
         return [queue + suffix for suffix in scheduler.PRIORITY_SUFFIXES]
     return [scheduler.tenant_list(queue, tenant)]
-
-
-def _last_call(tail: list[bytes]) -> bytes | None:
-    """The oldest message of a list from its last two elements (a wake-up item is no call)."""
-    calls = [raw for raw in tail if raw != _WAKE]
-    return calls[-1] if calls else None
 
 
 def _flat(keys: dict[tuple[str, str], list[str]]) -> Iterator[str]:
