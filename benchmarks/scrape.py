@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.cost import Counters
+from benchmarks.harness.meter import Counters
 from worker.constants import DEFAULT_QUEUE, TENANT_LIMITS_KEY
 from worker.dev.embedded import EmbeddedRedis
 from worker.protocol import task_message

@@ -12,7 +12,7 @@ import pytest
 from tests.support.kubernetes import KUBECTL, containers, find, kubernetes_check, rendered
 from tests.support.prometheus import deploy_check
 from worker.definitions import file_store
-from worker.gateway.security import OPEN_PATHS
+from worker.gateway.identity.security import OPEN_PATHS
 from worker.queue.app import app
 from worker.settings import Settings
 

@@ -11,10 +11,10 @@ from typing import Any
 import jinja2
 from starlette.responses import HTMLResponse
 
-from worker.gateway.audit import action
 from worker.gateway.calls import Calls
 from worker.gateway.console.gate import CONSOLE_PATH
 from worker.gateway.console.sessions import CSRF_FIELD, Session
+from worker.gateway.identity.audit import action
 
 LOGIN = CONSOLE_PATH + "/login"
 FLEET = CONSOLE_PATH + "/fleet"
