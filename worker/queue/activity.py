@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
@@ -171,11 +171,3 @@ def quantile(q: float, buckets: Sequence[int]) -> float | None:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def totals(series: Iterable[Point]) -> tuple[float, float]:
-    """Calls per second, ok and failed, over the points given."""
-    points = list(series)
-    if not points:
-        return 0.0, 0.0
-    return sum(p.ok_per_s for p in points) / len(points), sum(p.failed_per_s for p in points) / len(points)
