@@ -21,14 +21,6 @@ SPARK_POINTS = 30
 _CLEAR = "\x1b[H\x1b[2J"
 
 
-def add_parser(commands: Any) -> None:
-    top = commands.add_parser("top", help="the fleet live: calls/s, p50/p99, oldest waiting age per queue and tenant")
-    top.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between frames (default 2)")
-    top.add_argument("--once", action="store_true", help="print one frame and exit")
-    top.add_argument("--format", choices=["table", "json"], default="table", help="json: with --once")
-    top.set_defaults(handler=run)
-
-
 def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     options: dict[str, Any] = {"socket_connect_timeout": 2.0, "socket_timeout": 5.0}
