@@ -161,3 +161,16 @@ def test_a_real_worker_serves_the_ages_and_toolworker_queue_prints_them(
         row = next(r for r in json.loads(shown.stdout) if r["queue"] == "toolcalls" and r["tenant"] == "capped")
         assert row["oldest_waiting_s"] >= 2.0 and row["oldest_running_s"] >= 2.0
         assert all(handle.get(timeout=60).exit_code == 0 for handle in handles)
+
+
+def test_the_gauges_take_the_oldest_over_every_shard_and_skip_one_that_is_down() -> None:
+    """With shards, a tenant's calls wait on its own shard: the gauge is the oldest of them all; a shard
+    that does not answer leaves the others' ages in the scrape."""
+    home, other = fakeredis.FakeRedis(), fakeredis.FakeRedis()
+    for client, age in ((home, 5), (other, 40)):
+        client.hset(TENANT_LIMITS_KEY, mapping={"alpha": "1 0 0"})
+        client.lpush(scheduler.tenant_list("toolcalls", "alpha"), stamped("a", age))
+    down = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens on port 1
+    families = {family.name: family for family in QueueAges([home, other, down], ["toolcalls"]).collect()}
+    samples = {s.labels["tenant"]: s.value for s in families["toolworker_queue_oldest_age_seconds"].samples}
+    assert samples["alpha"] == pytest.approx(40, abs=1)

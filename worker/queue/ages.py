@@ -197,10 +197,13 @@ def _text(value: bytes | str) -> str:
 
 
 class QueueAges(Collector):
-    """The two age gauges of the queues a worker serves, read at each scrape."""
+    """The two age gauges of the queues a worker serves, read at each scrape from every shard given (with
+    shards, a tenant's calls are on its shard: the oldest of them all); a shard that does not answer is left
+    out of the scrape, not the whole of it."""
 
-    def __init__(self, client: redis.Redis, queues: Sequence[str]) -> None:
-        self._reader = AgeReader(client)
+    def __init__(self, clients: redis.Redis | Sequence[redis.Redis], queues: Sequence[str]) -> None:
+        shards = [clients] if isinstance(clients, redis.Redis) else list(clients)
+        self._readers = [AgeReader(client) for client in shards]
         self._queues = tuple(queues)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
@@ -208,12 +211,17 @@ class QueueAges(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         waiting, running = _families()
-        try:
-            rows = self._reader.read(self._queues)
-        except redis.RedisError as exc:  # a scrape without them beats a failed scrape
-            log.warning("metrics.queue_ages_failed", error=str(exc))
+        rows: list[Age] = []
+        listed: set[str] = set()
+        for reader in self._readers:
+            try:
+                rows += reader.read(self._queues)
+            except redis.RedisError as exc:  # a scrape without them beats a failed scrape
+                log.warning("metrics.queue_ages_failed", error=str(exc))
+                continue
+            listed |= reader.listed
+        if not listed:
             return
-        listed = self._reader.listed
         for family, ages in (
             (waiting, folded(rows, listed, "waiting_s")),
             (running, folded(rows, listed, "running_s")),
