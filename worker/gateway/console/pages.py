@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -40,11 +40,13 @@ from worker.gateway.console.fleet_page import CHART, SCRIPT, FleetPages
 from worker.gateway.console.gate import CONSOLE_PATH, Gate, csrf_of
 from worker.gateway.console.letters import LetterPages
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, new_secret
-from worker.gateway.console.sources import Approvals, Connections, Decision, Extensions, NotWaiting
+from worker.gateway.console.sources import Decision, Extensions, NotWaiting
 from worker.gateway.console.views import APPROVALS, CONNECTIONS, FLEET, LINKS, LOGIN, Room, refusal, render
 from worker.gateway.health import FleetUnavailable
 from worker.queue.dead_letter_store import DeadLetters
 from worker.shards import Shard
+
+T = TypeVar("T")
 
 # The audit page shows at most this many records, of the newest AUDIT_SCAN it reads.
 AUDIT_ROWS = 200
@@ -255,14 +257,14 @@ class Console(Room):
         return self._view("answer.html", session, nav="Catalog", **context)
 
     async def approvals(self, request: Request, session: Session) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]  # routed only with one
+        source = _routed(self.extensions.approvals)
         waiting = await source.waiting()
         done = {k: request.query_params.get(k, "") for k in ("approve", "deny")}
         may = session.principal.grant.may("approve")
         return self._view("approvals.html", session, waiting=waiting, done=done, may=may, nav="Approvals")
 
     async def decide(self, request: Request, session: Session, form: FormData) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]
+        source = _routed(self.extensions.approvals)
         call_id, asked, reason = request.path_params["call_id"], form.get("decision"), form.get("reason")
         reason = reason.strip() if isinstance(reason, str) else ""
         decision = DECISIONS.get(asked if isinstance(asked, str) else "")
@@ -280,7 +282,7 @@ class Console(Room):
         return RedirectResponse(f"{APPROVALS}?{decision}={call_id}", 303)
 
     async def connections(self, request: Request, session: Session) -> Response:
-        source: Connections = self.extensions.connections  # type: ignore[assignment]
+        source = _routed(self.extensions.connections)
         user = request.query_params.get("user", "").strip()
         rows = await source.connections(user or None)
         return self._view("connections.html", session, rows=rows, user=user, nav="Connections")
@@ -314,3 +316,9 @@ def _text(value: bytes | str) -> str:
 
 def _positive(score: object) -> bool:
     return isinstance(score, int | float) and score > 0
+
+
+def _routed(extension: T | None) -> T:
+    """A console extension whose pages are routed only when it is there."""
+    assert extension is not None
+    return extension
