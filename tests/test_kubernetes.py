@@ -16,6 +16,7 @@ from worker.gateway.identity.security import OPEN_PATHS
 from worker.queue.app import app
 from worker.settings import Settings
 
+pytestmark = pytest.mark.integration  # kubectl renders the overlays: a process of its own
 OVERLAYS = ["sentinel", "shards"]
 SECRET_KEYS = {"redis-url", "gateway-tokens", "flower-basic-auth", "redis-shards"}
 SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "dash"}
