@@ -140,7 +140,7 @@ async def test_a_2025_client_without_elicitation_gets_the_link_in_a_tool_error(
 
 def test_a_session_id_not_issued_here_is_refused_with_404(vault_stack: VaultStack) -> None:
     """A forged session id, and one issued to another principal, are 404 (Streamable HTTP: start a new
-    session); the issued one is accepted, and after DELETE it is 404 too."""
+    session); the issued one is accepted (no standing GET stream: 405), and after DELETE it is 404 too."""
     url, headers = (
         vault_stack.url + "/mcp",
         {**bearer(token_of("mia")), "Accept": "application/json, text/event-stream"},
@@ -161,6 +161,8 @@ def test_a_session_id_not_issued_here_is_refused_with_404(vault_stack: VaultStac
 
     assert opened.status_code == 200 and len(session) >= 40
     assert post(session) == 200
+    stream = httpx2.get(url, headers={**headers, "Mcp-Session-Id": session}, timeout=30)
+    assert stream.status_code == 405
     assert post("forged-" + session[7:]) == 404
     assert post(session, token_of("leo")) == 404
     ended = httpx2.delete(url, headers={**headers, "Mcp-Session-Id": session}, timeout=30)

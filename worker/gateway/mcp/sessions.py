@@ -14,7 +14,9 @@ Redis rather than a signed id: a capabilities object has no size bound worth put
 header, a session can be ended (DELETE) before it expires, and no signing key has to be shared and rotated
 across processes: another deployment's Redis simply does not know the id. The id is 32 random bytes; only
 its digest is stored. A request with an id that is unknown, expired, ended or another principal's is
-answered 404, as Streamable HTTP requires, and the client starts a new session. 2026-07-28 clients send no
+answered 404, as Streamable HTTP requires, and the client starts a new session. A GET (the standalone event
+stream) is 405: nothing is sent to these clients unasked, and no stream need stand open per client and
+process. 2026-07-28 clients send no
 `initialize` and get no session: each of their requests says what it needs.
 """
 
@@ -123,6 +125,8 @@ class McpSessions:
         if scope["method"] == "DELETE":  # the client ends its session
             await self.handshakes.forget(session_id)
             return await JSONResponse(None, status_code=200)(scope, receive, send)
+        if scope["method"] == "GET":  # no standing stream: nothing is sent to these clients unasked
+            return await _no_stream(scope, receive, send)
         scope[HANDSHAKE_SCOPE_KEY] = handshake
         await app(scope, receive, send)
 
@@ -172,6 +176,11 @@ def _with_session(send: Send, session_id: str) -> Send:
         await send(message)
 
     return sending
+
+
+async def _no_stream(scope: Scope, receive: Receive, send: Send) -> None:
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "No event stream at GET"}}
+    await JSONResponse(body, status_code=405, headers={"Allow": "POST, DELETE"})(scope, receive, send)
 
 
 async def _unknown_session(scope: Scope, receive: Receive, send: Send) -> None:
