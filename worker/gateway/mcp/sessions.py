@@ -16,8 +16,8 @@ across processes: another deployment's Redis simply does not know the id. The id
 its digest is stored. A request with an id that is unknown, expired, ended or another principal's is
 answered 404, as Streamable HTTP requires, and the client starts a new session. A GET (the standalone event
 stream) is 405: nothing is sent to these clients unasked, and no stream need stand open per client and
-process. 2026-07-28 clients send no
-`initialize` and get no session: each of their requests says what it needs.
+process. 2026-07-28 clients send no `initialize` and get no session: each of their requests says what it
+needs.
 """
 
 from __future__ import annotations
