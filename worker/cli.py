@@ -316,10 +316,30 @@ def _load_toolset(paths: list[Path]) -> Any:
     from worker.definitions.builtin import served_toolset
     from worker.http.egress import EgressPolicy
 
-    if paths:
-        return file_store.load(paths)
     settings = get_settings()
-    return served_toolset(file_store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow).enabled)
+    if paths:
+        return _with_listings(file_store.load(paths), settings)
+    defined = _with_listings(file_store.load([settings.definitions]), settings)
+    return served_toolset(defined, EgressPolicy.parse(settings.egress_allow).enabled)
+
+
+def _with_listings(toolset: Any, settings: Settings) -> Any:
+    """The toolset with the MCP upstreams' tools as stored in Redis (none when Redis is not reachable)."""
+    from redis.exceptions import RedisError
+
+    from worker.definitions import listings
+    from worker.definitions.mcp_tools import with_listings
+
+    if not any(upstream.mcp for upstream in toolset.upstreams.values()):
+        return toolset
+    client = sync_client(settings.redis_url, socket_connect_timeout=2, socket_timeout=10)
+    try:
+        return with_listings(toolset, listings.read(client))
+    except RedisError as exc:
+        print(f"MCP upstreams' listings not read (Redis: {exc})", file=sys.stderr)
+        return with_listings(toolset, {})
+    finally:
+        client.close()
 
 
 def _tools(args: argparse.Namespace) -> int:
@@ -629,7 +649,44 @@ def _audit_action(settings: Settings, name: str, target: str) -> None:
 
 
 # The commands registered apart from `_parser`'s own lines, in the order `--help` lists them.
-_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser)
+def _upstreams_parser(commands: Any) -> None:
+    upstreams = commands.add_parser("upstreams", help="the upstreams (kind, protocol, tools, last refresh, error)")
+    upstreams.set_defaults(handler=_upstreams, action="list", name=None, tool=None)
+    actions = upstreams.add_subparsers(dest="action")
+    actions.add_parser("refresh", help="read an MCP upstream's tools now").add_argument("name")
+    accept = actions.add_parser("accept", help="serve what `pin: true` withheld (one tool: the server's name)")
+    accept.add_argument("name")
+    accept.add_argument("tool", nargs="?")
+
+
+def _upstreams(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from worker.definitions import file_store, listings
+    from worker.upstreams.operate import Operator, rows
+
+    settings = get_settings()
+    _check_redis(settings)
+    toolset = file_store.load([settings.definitions])
+    operator = Operator(settings)
+    try:
+        if args.action == "refresh":
+            print(json.dumps(asyncio.run(operator.refresh(toolset, args.name)).summary(), ensure_ascii=False))
+        elif args.action == "accept":
+            print(json.dumps(asyncio.run(operator.accept(args.name, args.tool)).summary(), ensure_ascii=False))
+        else:
+            client = sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+            _print_table(
+                rows(toolset, listings.read(client)), ["name", "kind", "protocol", "tools", "listedAt", "error"]
+            )
+            client.close()
+    except KeyError as exc:
+        print(f"toolworker upstreams: {exc.args[0]}", file=sys.stderr)
+        return 64
+    return 0
+
+
+_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser, _upstreams_parser)
 
 
 if __name__ == "__main__":  # pragma: no cover
