@@ -3,6 +3,7 @@ called through a real worker process, against servers nobody here wrote started 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -11,9 +12,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, ImageContent
 
 from tests.conftest import start_worker, stop_worker
+from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
 from tests.support.mcp_servers import EVERYTHING, McpServerProcess, everything, sdk_server
 from worker.client import ToolClient
 from worker.definitions import file_store
@@ -204,3 +210,47 @@ def test_a_changed_tool_with_pin_is_withheld_until_accepted(
     finally:
         changed.kill()
         servers[1].start()
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: Stack, worker_client: ToolClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    env = gateway_env(stack.redis.url, stack.definitions, TOOLWORKER_STORE_POLL_SECONDS="0.5")
+    started = start_gateway(env, tmp_path_factory.mktemp("gateway") / "gateway.log")
+    yield started
+    started.stop()
+
+
+async def gateway_call(gateway: Gateway, mode: str, name: str, arguments: dict[str, object]) -> CallToolResult:
+    async with httpx2.AsyncClient(headers=auth(), timeout=60) as http:
+        transport = streamable_http_client(gateway.url + "/mcp", http_client=http)
+        async with Client(transport, mode=mode) as client:  # type: ignore[arg-type]  # a mode the test names
+            await client.list_tools()  # the SDK validates structuredContent against the listed outputSchema
+            return await client.call_tool(name, arguments)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_through_the_gateway_an_image_stays_an_image(gateway: Gateway, mode: str) -> None:
+    """The SDK's Client in both generations: the upstream's image block arrives as an image block."""
+    result = asyncio.run(gateway_call(gateway, mode, "everything_get-tiny-image", {}))
+    assert not result.is_error and any(isinstance(block, ImageContent) for block in result.content), result
+    pixel = asyncio.run(gateway_call(gateway, mode, "sdk_pixel", {}))
+    assert any(isinstance(block, ImageContent) and block.mime_type == "image/png" for block in pixel.content), pixel
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_through_the_gateway_structured_content_validates(gateway: Gateway, mode: str) -> None:
+    """The upstream's structuredContent reaches the SDK's Client, which validates it against the outputSchema."""
+    result = asyncio.run(gateway_call(gateway, mode, "sdk_add", {"a": 20, "b": 22}))
+    assert not result.is_error and result.structured_content == {"total": 42}, result
+
+
+@pytest.mark.integration
+def test_rest_refresh_needs_operate_and_reads_the_server_now(gateway: Gateway) -> None:
+    """POST /v1/upstreams/{name}/refresh answers the new listing; an unknown upstream is 404."""
+    refreshed = httpx2.post(f"{gateway.url}/v1/upstreams/everything/refresh", headers=auth(), timeout=60)
+    assert refreshed.status_code == 200 and refreshed.json()["available"] is True, refreshed.text
+    assert httpx2.post(f"{gateway.url}/v1/upstreams/nope/refresh", headers=auth(), timeout=60).status_code == 404
+    listed = httpx2.get(f"{gateway.url}/v1/upstreams", headers=auth(), timeout=60).json()["upstreams"]
+    assert {row["name"]: row["kind"] for row in listed}["everything"] == "mcp"

@@ -42,6 +42,7 @@ from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resourc
 from worker.gateway.rest import Rest, error
 from worker.gateway.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
 from worker.gateway.toolserver import ToolServer
+from worker.gateway.upstreams import Upstreams
 from worker.heap import settle_heap
 from worker.settings import Settings
 
@@ -145,6 +146,7 @@ def _transport(server: Server[Any], settings: Settings, json_response: bool) -> 
 def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:
     timeout_s = settings.gateway_call_timeout_seconds
     yield from Rest(calls, timeout_s).routes()
+    yield from Upstreams(calls, settings).routes()
     if calls.delegation is not None:
         yield from Connections(calls, calls.delegation).routes()
     yield from ToolServer(calls, timeout_s, version()).routes()
