@@ -47,6 +47,7 @@ from benchmarks import (
     cost,
     gateway,
     identity,
+    mcp_upstream,
     pipeline,
     replicas,
     shards,
@@ -317,6 +318,8 @@ def targets(results: dict[str, Any]) -> list[Target]:
         found += [Target(name, shown, met) for name, shown, met in tenants.targets(case)]
     if case := results.get("cost"):
         found += [Target(name, shown, met) for name, shown, met in cost.targets(case)]
+    if case := results.get("mcp_upstream"):
+        found += [Target(name, shown, met) for name, shown, met in mcp_upstream.targets(case)]
     if case := results.get("in_flight"):
         found.append(_rss_target(case, f"{MIN_IN_FLIGHT:,}+ calls in flight", MIN_IN_FLIGHT))
     if case := results.get("big_bodies"):
@@ -620,6 +623,12 @@ SECTIONS = (
         approvals.print_section,
     ),
     Section(
+        "mcp_upstream",
+        "mcp upstream: through the fleet against a direct SDK session",
+        lambda server, sizes, args: mcp_upstream.run(server.url, sizes.light_calls * 5, _rounds(args)),
+        mcp_upstream.print_section,
+    ),
+    Section(
         "webhooks",
         "webhooks: what a delivery costs a worker",
         lambda server, sizes, args: webhooks.run(server.url, sizes.calls, _rounds(args)),
@@ -674,6 +683,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shards-only", action="store_true", help="only the shards' rows (a few minutes)")
     parser.add_argument("--webhooks-only", action="store_true", help="only the webhook delivery rows")
     parser.add_argument("--cost-only", action="store_true", help="only the cost-per-call rows (a few minutes)")
+    parser.add_argument("--mcp-upstream-only", action="store_true", help="only the MCP upstream's rows (a minute)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
     parser.add_argument("--console-only", action="store_true", help="only the console's fleet page (a minute)")
