@@ -16,17 +16,24 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, ImageContent
+from mcp.types import CallToolResult, ImageContent, TextContent
 
 from tests.conftest import start_worker, stop_worker
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
 from tests.support.mcp_servers import EVERYTHING, McpServerProcess, everything, sdk_server
+from tests.support.waiting import wait_until
+from worker import errors
+from worker.call.run import run_call
+from worker.call.runtime import Runtime
 from worker.client import ToolClient
 from worker.definitions import file_store
-from worker.definitions.mcp_tools import Listing, accepted, catalog_name, merged, with_listings
-from worker.definitions.model import McpServer, Upstream
+from worker.definitions.mcp_tools import Listing, accepted, catalog_name, merged, tool_of, with_listings
+from worker.definitions.model import McpServer, RetryPolicy, Source, ToolSet, Upstream
 from worker.definitions.templates import Template
 from worker.dev.embedded import EmbeddedRedis
+from worker.envelope import ToolResult
+from worker.mcp_client.failures import Unsent
+from worker.protocol import ToolCall
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -254,3 +261,61 @@ def test_rest_refresh_needs_operate_and_reads_the_server_now(gateway: Gateway) -
     assert httpx2.post(f"{gateway.url}/v1/upstreams/nope/refresh", headers=auth(), timeout=60).status_code == 404
     listed = httpx2.get(f"{gateway.url}/v1/upstreams", headers=auth(), timeout=60).json()["upstreams"]
     assert {row["name"]: row["kind"] for row in listed}["everything"] == "mcp"
+
+
+@pytest.mark.integration
+def test_a_call_past_its_timeout_cancels_the_upstream_request(worker_client: ToolClient) -> None:
+    """The worker gives up at the call's deadline (28) and the server hears `notifications/cancelled`."""
+    slow = worker_client.call("sdk_slow", {"seconds": 30}, timeout=3)
+    assert slow.exit_code in (28, 75), slow.to_dict()
+    wait_until(lambda: worker_client.call("sdk_cancelled", {}, timeout=30).result == "1", 20, "the server's cancel")
+
+
+class FlakySessions:
+    """The MCP client's seam: fails with the given errors in turn, then answers."""
+
+    def __init__(self, *failures: Exception) -> None:
+        self.failures = list(failures)
+        self.sent = 0
+
+    async def call_tool(
+        self, spec: object, name: str, arguments: dict[str, object], timeout_s: float
+    ) -> CallToolResult:
+        self.sent += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return CallToolResult(content=[TextContent(type="text", text="ok")])
+
+    async def close(self) -> None:
+        return None
+
+
+def run_flaky(sessions: FlakySessions, hints: dict[str, bool]) -> ToolResult:
+    url = Template.literal("http://127.0.0.1:9/mcp")
+    upstream = Upstream("s", url, retry=RetryPolicy(attempts=3, backoff_s=0.0), mcp=McpServer(url))
+    tool = tool_of(upstream, "t", {"name": "t", "annotations": hints}, Source("<test>"))
+    toolset = ToolSet({"s": upstream}, {tool.name: tool})
+    runtime = Runtime(toolset, {}, mcp=sessions)  # type: ignore[arg-type]  # a fake at the client's seam
+    call = ToolCall(call_id="c1", tool=tool.name, timeout_s=10)
+    return asyncio.run(run_call(call, runtime))
+
+
+def test_a_request_that_never_left_is_sent_again() -> None:
+    """No session could be opened: tried again whatever the tool's hints."""
+    sessions = FlakySessions(Unsent(errors.ConnectFailed("down")))
+    result = run_flaky(sessions, {})
+    assert result.exit_code == 0 and result.attempts == 2 and sessions.sent == 2
+
+
+def test_a_dropped_connection_is_retried_only_for_harmless_tools() -> None:
+    """After the request left, only readOnlyHint or idempotentHint tools are sent again."""
+    unsafe = FlakySessions(errors.EmptyResponse("closed"))
+    assert run_flaky(unsafe, {"readOnlyHint": False}).exit_code == 52 and unsafe.sent == 1
+    harmless = FlakySessions(errors.EmptyResponse("closed"))
+    assert run_flaky(harmless, {"idempotentHint": True}).exit_code == 0 and harmless.sent == 2
+
+
+def test_a_tool_error_is_not_retried() -> None:
+    """A JSON-RPC error is the server's answer, not a transport failure: never sent again."""
+    sessions = FlakySessions(errors.ToolFailed("no"))
+    assert run_flaky(sessions, {"readOnlyHint": True}).exit_code == 22 and sessions.sent == 1

@@ -1,10 +1,11 @@
 """An MCP server made with the `mcp` SDK's own `MCPServer` (FastMCP's successor), run as a process by the
 MCP upstream tests: `python -m tests.support.mcp_upstream_server PORT [DESCRIPTION]`. Its `add` tool's
 description is the second argument (a restart with another changes the tool); `calls` counts `add`'s
-invocations since start."""
+invocations since start, `cancelled` the waits of `slow` its callers cancelled."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import uvicorn
@@ -21,7 +22,7 @@ class Sum(BaseModel):
 
 def build(description: str) -> MCPServer:
     server = MCPServer("sdk-upstream")
-    count = {"add": 0}
+    count = {"add": 0, "cancelled": 0}
 
     @server.tool(description=description)
     def add(a: int, b: int) -> Sum:
@@ -35,6 +36,19 @@ def build(description: str) -> MCPServer:
     @server.tool(description="How many times add was called since the server started.")
     def calls() -> int:
         return count["add"]
+
+    @server.tool(description="Wait `seconds` seconds; a cancelled wait is counted (see `cancelled`).")
+    async def slow(seconds: float) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            count["cancelled"] += 1
+            raise
+        return "done"
+
+    @server.tool(description="How many waits of `slow` were cancelled since the server started.")
+    def cancelled() -> int:
+        return count["cancelled"]
 
     return server
 

@@ -22,6 +22,14 @@ from worker import errors
 SESSION_GONE_MESSAGE = "Session terminated"
 
 
+class Unsent(Exception):
+    """A request that provably never left: no session could be opened to send it on."""
+
+    def __init__(self, error: errors.ToolError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 def session_gone(exc: BaseException) -> bool:
     return isinstance(exc, MCPError) and exc.code == INVALID_REQUEST and exc.error.message == SESSION_GONE_MESSAGE
 

@@ -21,7 +21,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult
 
 from worker import errors
-from worker.mcp_client.failures import mapped, session_gone
+from worker.mcp_client.failures import Unsent, mapped, session_gone
 from worker.mcp_client.spec import ServerSpec
 
 log = structlog.get_logger("toolworker.mcp")
@@ -116,9 +116,12 @@ class Sessions:
         self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
     ) -> CallToolResult:
         """`tools/call` on the server's session (a new session and once again when the server lost it);
-        a timeout sends `notifications/cancelled` (the SDK's)."""
+        a timeout sends `notifications/cancelled` (the SDK's). Unsent: no session could be opened."""
         for last in (False, True):
-            client = await self.client(spec)
+            try:
+                client = await self.client(spec)
+            except errors.ToolError as exc:
+                raise Unsent(exc) from exc
             try:
                 return await client.call_tool(name, arguments, read_timeout_seconds=max(timeout_s, 0.001))
             except Exception as exc:
