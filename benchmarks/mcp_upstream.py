@@ -28,13 +28,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks import pipeline
+from benchmarks.harness import processes
+from benchmarks.harness.constants import CALL_TIMEOUT_S, RAW_CONCURRENCY, START_TIMEOUT_S, TOOL
+from benchmarks.harness.figures import Target
+from benchmarks.harness.meter import Meter
 from worker.client import AsyncToolClient
 from worker.dev.embedded import free_port
 
 CONCURRENCY = 32
 MCP_TOOL = "bench_echo"
-HTTP_TOOL = pipeline.TOOL
+HTTP_TOOL = TOOL
 MIN_SHARE = 0.80
 MAX_CPU_RATIO = 3.0
 HANDSHAKE_METHODS = frozenset({"initialize", "server/discover"})
@@ -99,9 +102,9 @@ def handshakes(url: str) -> int:
 @contextmanager
 def mcp_server() -> Iterator[str]:
     port = free_port()
-    with pipeline.process_group([sys.executable, "-m", "benchmarks.mcp_upstream", str(port)], dict(os.environ)):
+    with processes.process_group([sys.executable, "-m", "benchmarks.mcp_upstream", str(port)], dict(os.environ)):
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + pipeline.START_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
                 handshakes(url)
@@ -117,7 +120,7 @@ def mcp_server() -> Iterator[str]:
 
 
 def _definitions(directory: Path, mcp_url: str) -> Path:
-    pipeline.definitions(directory, pipeline.RAW_CONCURRENCY)
+    processes.definitions(directory, RAW_CONCURRENCY)
     (directory / "mcp.yaml").write_text(
         f"upstreams:\n  bench_mcp:\n    mcp: {{url: '{mcp_url}/mcp', prefix: bench_}}\n"
     )
@@ -143,7 +146,7 @@ def worker(redis_url: str, upstream_url: str, mcp_url: str) -> Iterator[int]:
             "BENCH_UPSTREAM_URL": upstream_url,
         }
         argv = [sys.executable, "-m", "worker", "worker", "-P", "threads", "-c", "64", "--loglevel", "WARNING"]
-        with pipeline.process_group(argv, env, Path(tmp) / "worker.log") as pid:
+        with processes.process_group(argv, env, Path(tmp) / "worker.log") as pid:
             asyncio.run(_fleet(redis_url, MCP_TOOL, {"text": "warm"}, 1, 1))
             yield pid
 
@@ -182,7 +185,7 @@ async def _fleet(redis_url: str, tool: str, arguments: dict[str, Any], calls: in
     async with AsyncToolClient(redis_url) as client:
 
         async def one(i: int) -> None:
-            result = await client.acall(tool, {**arguments}, timeout=pipeline.CALL_TIMEOUT_S)
+            result = await client.acall(tool, {**arguments}, timeout=CALL_TIMEOUT_S)
             if result.exit_code:
                 raise RuntimeError(f"{tool} failed: {result.error}")
 
@@ -192,10 +195,10 @@ async def _fleet(redis_url: str, tool: str, arguments: dict[str, Any], calls: in
 def _round(redis_url: str, mcp_url: str, pid: int, calls: int) -> dict[str, float]:
     direct_s = asyncio.run(_direct(mcp_url, calls, CONCURRENCY))
     before = handshakes(mcp_url)
-    with pipeline.Meter(pid) as mcp_meter:
+    with Meter(pid) as mcp_meter:
         fleet_s = asyncio.run(_fleet(redis_url, MCP_TOOL, {"text": "x"}, calls, CONCURRENCY))
     fleet_handshakes = handshakes(mcp_url) - before
-    with pipeline.Meter(pid) as http_meter:
+    with Meter(pid) as http_meter:
         asyncio.run(_fleet(redis_url, HTTP_TOOL, {"i": 1}, calls, CONCURRENCY))
     return {
         "direct_calls_per_s": calls / direct_s,
@@ -210,7 +213,7 @@ def run(redis_url: str, calls: int, rounds: int) -> dict[str, Any]:
     """Each round: direct, fleet (MCP), fleet (HTTP); the medians."""
     measured: list[dict[str, float]] = []
     with (
-        pipeline.upstream(0.0, 1024) as upstream,
+        processes.upstream(0.0, 1024) as upstream,
         mcp_server() as mcp_url,
         worker(redis_url, upstream.url, mcp_url) as pid,
     ):
@@ -225,16 +228,16 @@ def run(redis_url: str, calls: int, rounds: int) -> dict[str, Any]:
     return {"calls": calls, "rounds": rounds, "concurrency": CONCURRENCY, **medians}
 
 
-def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+def targets(results: dict[str, Any]) -> list[Target]:
     share = results["fleet_calls_per_s"] / results["direct_calls_per_s"]
     cpu_ratio = results["worker_cpu_ms_per_mcp_call"] / results["worker_cpu_ms_per_http_call"]
     handshakes_per_call = results["handshakes_per_call"]
     return [
-        (f"MCP upstream through the fleet >= {MIN_SHARE:.0%} of a direct SDK session's calls/s", f"{share:.0%}",
-         share >= MIN_SHARE),
-        ("MCP handshakes per call after warm-up = 0", f"{handshakes_per_call:.3f}", handshakes_per_call == 0),
-        (f"worker CPU per MCP call <= {MAX_CPU_RATIO:g}x an HTTP call's", f"{cpu_ratio:.2f}x",
-         cpu_ratio <= MAX_CPU_RATIO),
+        Target(f"MCP upstream through the fleet >= {MIN_SHARE:.0%} of a direct SDK session's calls/s",
+               f"{share:.0%}", share >= MIN_SHARE),
+        Target("MCP handshakes per call after warm-up = 0", f"{handshakes_per_call:.3f}", handshakes_per_call == 0),
+        Target(f"worker CPU per MCP call <= {MAX_CPU_RATIO:g}x an HTTP call's", f"{cpu_ratio:.2f}x",
+               cpu_ratio <= MAX_CPU_RATIO),
     ]  # fmt: skip
 
 
@@ -250,8 +253,8 @@ def print_section(results: dict[str, Any]) -> None:
         f"  worker CPU per call: MCP {results['worker_cpu_ms_per_mcp_call']:.3f} ms, "
         f"HTTP {results['worker_cpu_ms_per_http_call']:.3f} ms"
     )
-    for name, shown, met in targets(results):
-        print(f"  [{'met' if met else 'MISSED':>6}] {name}: {shown}")
+    for target in targets(results):
+        print(f"  [{'met' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")
 
 
 if __name__ == "__main__":

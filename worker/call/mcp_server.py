@@ -32,7 +32,15 @@ async def server_spec(
 ) -> tuple[ServerSpec, PreparedRequest]:
     """The server as the client reaches it for this call, and the request that describes it (its secrets)."""
     request, _ = await authorize(
-        bare_request(upstream, environ), upstream, call, environ, tokens, deadline, transport, None, users
+        bare_request(upstream, environ),
+        upstream,
+        call,
+        environ,
+        tokens,
+        deadline,
+        transport,
+        None,
+        None if users is None else users.token,
     )
     return spec_of(upstream, request), request
 

@@ -24,7 +24,7 @@ from worker.connections import sync_client
 from worker.definitions import builtin, catalog, file_store, listings, redis_store
 from worker.definitions.mcp_tools import Listing, with_listings
 from worker.definitions.model import Tool, ToolSet, Upstream
-from worker.gateway.identity import Grant
+from worker.gateway.identity.principals import Grant
 from worker.http.egress import EgressPolicy
 from worker.settings import Settings
 

@@ -12,8 +12,8 @@ from starlette.routing import Route
 
 from worker.definitions import listings
 from worker.gateway.calls import Calls
-from worker.gateway.identity import principal_of
-from worker.gateway.rest import error
+from worker.gateway.identity.principals import principal_of
+from worker.gateway.rest.routes import error
 from worker.settings import Settings
 from worker.upstreams.operate import Operator, rows
 
