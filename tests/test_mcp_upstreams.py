@@ -20,7 +20,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent
 
 from tests.conftest import start_worker, stop_worker
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
-from tests.support.mcp_servers import EVERYTHING, McpServerProcess, everything, sdk_server
+from tests.support.mcp_servers import EVERYTHING, McpServerProcess, demo_desk, everything, sdk_server
 from tests.support.waiting import wait_until
 from worker import errors
 from worker.call.run import run_call
@@ -108,32 +108,33 @@ def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[McpServerProcess, McpServerProcess]]:
+def servers() -> Iterator[tuple[McpServerProcess, McpServerProcess, McpServerProcess]]:
     if not EVERYTHING.exists():
-        pytest.fail("server-everything is not installed: run `make install` (the Makefile's MCP_EVERYTHING rule)")
-    ref, sdk = everything().start(), sdk_server().start()
-    yield ref, sdk
-    ref.kill()
-    sdk.kill()
+        pytest.fail("server-everything is not installed: run `make test` (the Makefile's MCP_EVERYTHING rule)")
+    started = everything().start(), sdk_server().start(), demo_desk().start()
+    yield started
+    for server in started:
+        server.kill()
 
 
 @pytest.fixture(scope="module")
 def stack(
-    servers: tuple[McpServerProcess, McpServerProcess], tmp_path_factory: pytest.TempPathFactory
+    servers: tuple[McpServerProcess, McpServerProcess, McpServerProcess], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    ref, sdk = servers
+    ref, sdk, desk = servers
     folder = tmp_path_factory.mktemp("mcp-defs")
     (folder / "mcp.yaml").write_text(
         "upstreams:\n"
         f"  everything: {{mcp: {{url: '{ref.url}', include: ['echo', 'get-*'], exclude: ['get-env']}}}}\n"
         f"  sdk: {{mcp: {{url: '{sdk.url}', pin: true}}, timeout_seconds: 10, connect_timeout_seconds: 1}}\n"
+        f"  desk: {{mcp: {{url: '{desk.url}'}}}}\n"
     )
     redis = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
     env.update(TOOLWORKER_REDIS_URL=redis.url, TOOLWORKER_DEFINITIONS=str(folder), TOOLWORKER_METRICS_PORT="0")
     env.update(TOOLWORKER_STORE_POLL_SECONDS="0.5")
     stack = Stack(redis, folder, env, tmp_path_factory.mktemp("logs") / "worker.log")
-    for name in ("everything", "sdk"):
+    for name in ("everything", "sdk", "desk"):
         refreshed = cli(stack, "upstreams", "refresh", name)
         assert refreshed.returncode == 0, refreshed.stderr
     yield stack
@@ -185,7 +186,7 @@ def test_sdk_server_answers_and_bad_arguments_are_65(worker_client: ToolClient) 
 
 @pytest.mark.integration
 def test_the_server_killed_and_restarted_under_load(
-    worker_client: ToolClient, servers: tuple[McpServerProcess, McpServerProcess]
+    worker_client: ToolClient, servers: tuple[McpServerProcess, McpServerProcess, McpServerProcess]
 ) -> None:
     """Calls while the server is down end with a transport code, none is lost, and a new session serves after."""
     sdk = servers[1]
@@ -199,7 +200,7 @@ def test_the_server_killed_and_restarted_under_load(
 
 @pytest.mark.integration
 def test_a_changed_tool_with_pin_is_withheld_until_accepted(
-    stack: Stack, worker_client: ToolClient, servers: tuple[McpServerProcess, McpServerProcess]
+    stack: Stack, worker_client: ToolClient, servers: tuple[McpServerProcess, McpServerProcess, McpServerProcess]
 ) -> None:
     """The server restarted with a new description: audited, the old text served until `accept`."""
     sdk = servers[1]
@@ -319,3 +320,12 @@ def test_a_tool_error_is_not_retried() -> None:
     """A JSON-RPC error is the server's answer, not a transport failure: never sent again."""
     sessions = FlakySessions(errors.ToolFailed("no"))
     assert run_flaky(sessions, {"readOnlyHint": True}).exit_code == 22 and sessions.sent == 1
+
+
+@pytest.mark.integration
+def test_the_demo_desk_answers_the_readme_example(worker_client: ToolClient) -> None:
+    """`make run`'s MCP upstream answers about TICKET-123, the README's example, through the queue."""
+    found = worker_client.call("desk_ticket_status", {"ticket_id": "TICKET-123"}, timeout=60)
+    assert found.exit_code == 0 and found.structured["status"] == "open", found.to_dict()
+    missing = worker_client.call("desk_ticket_status", {"ticket_id": "TICKET-999"}, timeout=60)
+    assert missing.exit_code == 22 and "TICKET-999" in missing.error["message"], missing.to_dict()

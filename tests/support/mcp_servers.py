@@ -59,3 +59,10 @@ def sdk_server(description: str = "Add two integers.") -> McpServerProcess:
     port = free_port()
     argv = [sys.executable, "-m", "tests.support.mcp_upstream_server", str(port), description]
     return McpServerProcess(argv, port)
+
+
+def demo_desk() -> McpServerProcess:
+    """The MCP server of `make run`'s demo (worker/dev/demo_mcp.py)."""
+    port = free_port()
+    serve = f"from worker.dev.demo_mcp import serve; serve('127.0.0.1', {port})"
+    return McpServerProcess([sys.executable, "-c", serve], port)
