@@ -68,11 +68,11 @@ def test_globs_select_and_a_collision_is_refused_naming_both_sources(tmp_path: P
 
 
 def test_an_upstream_never_listed_has_no_tools_and_says_why(tmp_path: Path) -> None:
-    """A server never reached adds no tools; its problem carries the refresh's error."""
+    """A server never reached adds no tools; a notice (not a problem) carries the refresh's error."""
     (tmp_path / "d.yaml").write_text("upstreams:\n  docs: {mcp: {url: 'http://x/mcp'}}\n")
     toolset = file_store.load([tmp_path])
     served = with_listings(toolset, {"docs": Listing("docs", error="Could not connect")})
-    assert not served.tools and "Could not connect" in str(served.problems[-1])
+    assert not served.tools and not served.problems and "Could not connect" in str(served.notices[-1])
 
 
 def test_a_definition_needs_base_url_or_mcp_not_both(tmp_path: Path) -> None:

@@ -311,14 +311,16 @@ def _progress(text: str) -> None:
 
 
 def _load_toolset(paths: list[Path]) -> Any:
-    """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
+    """The definitions as a worker serves them (built-in catalog tools, MCP upstreams' tools as listed) when no
+    path is given."""
     from worker.definitions import file_store
     from worker.definitions.builtin import served_toolset
+    from worker.definitions.mcp_tools import with_listings
     from worker.http.egress import EgressPolicy
 
     settings = get_settings()
-    if paths:
-        return _with_listings(file_store.load(paths), settings)
+    if paths:  # files checked on their own: the fleet's listings are not read
+        return with_listings(file_store.load(paths), {})
     defined = _with_listings(file_store.load([settings.definitions]), settings)
     return served_toolset(defined, EgressPolicy.parse(settings.egress_allow).enabled)
 
@@ -526,6 +528,8 @@ def _validate(args: argparse.Namespace) -> int:
     toolset = _load_toolset(args.paths)
     for problem in toolset.problems:
         print(problem, file=sys.stderr)
+    for notice in toolset.notices:
+        print(f"notice: {notice}", file=sys.stderr)
     for unset in unset_settings(toolset, os.environ):
         print(f"unset: {unset}", file=sys.stderr)
     count = len(toolset.problems) + _access_problems()

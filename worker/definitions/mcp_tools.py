@@ -190,17 +190,17 @@ def selected(upstream: Upstream, server_name: str) -> bool:
 
 def with_listings(toolset: ToolSet, listings: Mapping[str, Listing]) -> ToolSet:
     """The toolset with every MCP upstream's listed tools added (a new ToolSet; the given one is unchanged).
-    An upstream never listed adds none and says why in `problems`; a name taken already is refused, naming
-    both sources."""
+    An upstream never listed adds none and says why in `notices`; a name taken already is refused (a problem),
+    naming both sources."""
     out = ToolSet(dict(toolset.upstreams), dict(toolset.tools), list(toolset.problems), dict(toolset.unusable))
-    out.tenants = dict(toolset.tenants)
+    out.tenants, out.notices = dict(toolset.tenants), list(toolset.notices)
     for name, upstream in toolset.upstreams.items():
         if upstream.mcp is None:
             continue
         listing = listings.get(name)
         if listing is None or listing.listed_at is None:
             why = listing.error if listing is not None and listing.error else "it has not been listed yet"
-            out.problems.append(Problem(upstream.source, f"MCP upstream {name!r} has no tools: {why}"))
+            out.notices.append(Problem(upstream.source, f"MCP upstream {name!r} has no tools: {why}"))
             continue
         for server_name, definition in sorted(listing.tools.items()):
             if selected(upstream, server_name):

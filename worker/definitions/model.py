@@ -340,6 +340,8 @@ class ToolSet:
     # Tool name -> why it cannot be used (exit 78 when called).
     unusable: dict[str, str] = field(default_factory=dict)
     tenants: dict[str, Tenant] = field(default_factory=dict)
+    # What is worth saying but breaks nothing (an MCP upstream not listed yet, and why).
+    notices: list[Problem] = field(default_factory=list)
 
     def tenant(self, name: str) -> Tenant:
         """A tenant's limits: its own, else the default tenant's (under its own name)."""
