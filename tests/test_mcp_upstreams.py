@@ -20,7 +20,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent
 
 from tests.conftest import start_worker, stop_worker
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
-from tests.support.mcp_servers import EVERYTHING, McpServerProcess, demo_desk, everything, sdk_server
+from tests.support.mcp_servers import EVERYTHING, McpServerProcess, demo_desk, everything, everything_sse, sdk_server
 from tests.support.waiting import wait_until
 from worker import errors
 from worker.call.run import run_call
@@ -108,33 +108,32 @@ def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[McpServerProcess, McpServerProcess, McpServerProcess]]:
+def servers() -> Iterator[tuple[McpServerProcess, ...]]:
     if not EVERYTHING.exists():
         pytest.fail("server-everything is not installed: run `make test` (the Makefile's MCP_EVERYTHING rule)")
-    started = everything().start(), sdk_server().start(), demo_desk().start()
+    started = everything().start(), sdk_server().start(), demo_desk().start(), everything_sse().start()
     yield started
     for server in started:
         server.kill()
 
 
 @pytest.fixture(scope="module")
-def stack(
-    servers: tuple[McpServerProcess, McpServerProcess, McpServerProcess], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
-    ref, sdk, desk = servers
+def stack(servers: tuple[McpServerProcess, ...], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    ref, sdk, desk, sse = servers
     folder = tmp_path_factory.mktemp("mcp-defs")
     (folder / "mcp.yaml").write_text(
         "upstreams:\n"
         f"  everything: {{mcp: {{url: '{ref.url}', include: ['echo', 'get-*'], exclude: ['get-env']}}}}\n"
         f"  sdk: {{mcp: {{url: '{sdk.url}', pin: true}}, timeout_seconds: 10, connect_timeout_seconds: 1}}\n"
         f"  desk: {{mcp: {{url: '{desk.url}'}}}}\n"
+        f"  legacy: {{mcp: {{url: '{sse.url}', transport: sse, include: [echo]}}}}\n"
     )
     redis = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
     env.update(TOOLWORKER_REDIS_URL=redis.url, TOOLWORKER_DEFINITIONS=str(folder), TOOLWORKER_METRICS_PORT="0")
     env.update(TOOLWORKER_STORE_POLL_SECONDS="0.5")
     stack = Stack(redis, folder, env, tmp_path_factory.mktemp("logs") / "worker.log")
-    for name in ("everything", "sdk", "desk"):
+    for name in ("everything", "sdk", "desk", "legacy"):
         refreshed = cli(stack, "upstreams", "refresh", name)
         assert refreshed.returncode == 0, refreshed.stderr
     yield stack
@@ -145,6 +144,8 @@ def stack(
 def worker_client(stack: Stack) -> Iterator[ToolClient]:
     process = start_worker(stack.env, stack.log_path)
     with ToolClient(stack.redis.url) as client:
+        first = client.call("everything_echo", {"message": "warm-up"}, timeout=90)
+        assert first.exit_code == 0, (first.to_dict(), stack.log_path.read_text()[-3000:])
         yield client
     stop_worker(process)
 
@@ -186,7 +187,7 @@ def test_sdk_server_answers_and_bad_arguments_are_65(worker_client: ToolClient) 
 
 @pytest.mark.integration
 def test_the_server_killed_and_restarted_under_load(
-    worker_client: ToolClient, servers: tuple[McpServerProcess, McpServerProcess, McpServerProcess]
+    worker_client: ToolClient, servers: tuple[McpServerProcess, ...]
 ) -> None:
     """Calls while the server is down end with a transport code, none is lost, and a new session serves after."""
     sdk = servers[1]
@@ -200,7 +201,7 @@ def test_the_server_killed_and_restarted_under_load(
 
 @pytest.mark.integration
 def test_a_changed_tool_with_pin_is_withheld_until_accepted(
-    stack: Stack, worker_client: ToolClient, servers: tuple[McpServerProcess, McpServerProcess, McpServerProcess]
+    stack: Stack, worker_client: ToolClient, servers: tuple[McpServerProcess, ...]
 ) -> None:
     """The server restarted with a new description: audited, the old text served until `accept`."""
     sdk = servers[1]
@@ -329,3 +330,10 @@ def test_the_demo_desk_answers_the_readme_example(worker_client: ToolClient) -> 
     assert found.exit_code == 0 and found.structured["status"] == "open", found.to_dict()
     missing = worker_client.call("desk_ticket_status", {"ticket_id": "TICKET-999"}, timeout=60)
     assert missing.exit_code == 22 and "TICKET-999" in missing.error["message"], missing.to_dict()
+
+
+@pytest.mark.integration
+def test_a_server_on_the_legacy_sse_transport(worker_client: ToolClient) -> None:
+    """`transport: sse`: the reference server's 2024-11-05 HTTP+SSE mode is listed and called."""
+    echo = worker_client.call("legacy_echo", {"message": "old"}, timeout=60)
+    assert echo.exit_code == 0 and echo.result == "Echo: old", echo.to_dict()

@@ -27,9 +27,11 @@ class McpServerProcess:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
+    path: str = "/mcp"
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"http://127.0.0.1:{self.port}{self.path}"
 
     def start(self) -> McpServerProcess:
         env = {**os.environ, **self.env, "PORT": str(self.port)}
@@ -53,6 +55,11 @@ class McpServerProcess:
 def everything() -> McpServerProcess:
     """The reference server's Streamable HTTP mode (its port from PORT)."""
     return McpServerProcess(["node", str(EVERYTHING), "streamableHttp"], free_port())
+
+
+def everything_sse() -> McpServerProcess:
+    """The reference server on the 2024-11-05 HTTP+SSE transport (its stream at /sse)."""
+    return McpServerProcess(["node", str(EVERYTHING), "sse"], free_port(), path="/sse")
 
 
 def sdk_server(description: str = "Add two integers.") -> McpServerProcess:
