@@ -337,3 +337,12 @@ def test_a_server_on_the_legacy_sse_transport(worker_client: ToolClient) -> None
     """`transport: sse`: the reference server's 2024-11-05 HTTP+SSE mode is listed and called."""
     echo = worker_client.call("legacy_echo", {"message": "old"}, timeout=60)
     assert echo.exit_code == 0 and echo.result == "Echo: old", echo.to_dict()
+
+
+@pytest.mark.integration
+def test_upstreams_reads_the_published_definitions_with_the_redis_store(stack: Stack) -> None:
+    """With TOOLWORKER_STORE=redis, `toolworker upstreams` lists the published version's upstreams."""
+    published = Stack(stack.redis, stack.definitions, {**stack.env, "TOOLWORKER_STORE": "redis"}, stack.log_path)
+    assert cli(published, "publish", str(stack.definitions)).returncode == 0
+    listed = cli(published, "upstreams")
+    assert listed.returncode == 0 and "legacy" in listed.stdout and "desk" in listed.stdout, listed.stderr

@@ -667,12 +667,12 @@ def _upstreams_parser(commands: Any) -> None:
 def _upstreams(args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker.definitions import file_store, listings
+    from worker.definitions import listings
     from worker.upstreams.operate import Operator, rows
 
     settings = get_settings()
     _check_redis(settings)
-    toolset = file_store.load([settings.definitions])
+    toolset = _served_definitions(settings)
     operator = Operator(settings)
     try:
         if args.action == "refresh":
@@ -689,6 +689,21 @@ def _upstreams(args: argparse.Namespace) -> int:
         print(f"toolworker upstreams: {exc.args[0]}", file=sys.stderr)
         return 64
     return 0
+
+
+def _served_definitions(settings: Settings) -> Any:
+    """The definitions the workers serve: the published version with the Redis store, else the folder."""
+    from worker.definitions import file_store, redis_store
+    from worker.definitions.model import ToolSet
+
+    if settings.store != "redis":
+        return file_store.load([settings.definitions])
+    client = sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    try:
+        payload = redis_store.current_payload(client)
+    finally:
+        client.close()
+    return ToolSet() if payload is None else redis_store.Bundles().load(payload)[1]
 
 
 _COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser, _upstreams_parser)
