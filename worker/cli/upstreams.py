@@ -12,6 +12,7 @@ from typing import Any
 from worker.cli.checks import check_redis
 from worker.cli.output import print_table
 from worker.connections import sync_client
+from worker.logs import configure
 from worker.settings import Settings, get_settings
 
 
@@ -20,6 +21,7 @@ def upstreams(args: argparse.Namespace) -> int:
     from worker.upstreams.operate import Operator, rows
 
     settings = get_settings()
+    configure(settings.log_format, settings.log_level)  # log lines to stderr: stdout is the answer
     check_redis(settings)
     toolset = _served_definitions(settings)
     operator = Operator(settings)
