@@ -4,6 +4,7 @@ and the `toolworker approvals` command line."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -22,10 +23,12 @@ import pytest
 import redis
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start_gateway, text_of, wait_listening
+from tests.support.round_robin import RoundRobin
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
 from tests.support.waiting import wait_until
 from tests.support.webhooks import Receiver, ReceiverServer
@@ -408,14 +411,27 @@ def answering(action: str, asked: list[str]) -> Any:
 
 
 # How each generation is asked: 2026-07-28 over Streamable HTTP (an input_required result, answered on
-# the retry); the handshake generation where a request can carry a server-to-client request, i.e. on a
-# session: stdio (the gateway's HTTP transport is stateless, so that any process answers any request).
-WAYS = [("auto", "http"), ("auto", "stdio"), ("legacy", "stdio")]
+# the retry); the handshake generation with `elicitation/create` on stdio, and over HTTP on the call's own
+# stream, its answer POSTed to either of two gateway processes behind a round-robin proxy.
+WAYS = [("auto", "http"), ("auto", "stdio"), ("legacy", "stdio"), ("legacy", "two gateways")]
+
+
+@pytest.fixture(scope="module")
+def two_gateways(stack: ApprovalStack) -> Iterator[str]:
+    """A second gateway on the same Redis, and a proxy sending each request to the next of the two: its URL."""
+    second = start_gateway(stack.gateway.env, stack.directory / "gateway-2.log")
+    wait_listening(second, ready=True)
+    server = RoundRobin([stack.url, second.url]).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        second.stop()
 
 
 @asynccontextmanager
 async def mcp_client(
-    stack: ApprovalStack, mode: str, callback: Any = None, over: str = "http"
+    stack: ApprovalStack, mode: str, callback: Any = None, over: str = "http", url: str | None = None
 ) -> AsyncIterator[Client]:
     if over == "stdio":
         env = gateway_env(stack.redis.url, DEFINITIONS)
@@ -424,32 +440,42 @@ async def mcp_client(
             yield client
         return
     async with httpx2.AsyncClient(headers=auth(), timeout=30) as http:
-        transport = streamable_http_client(stack.url + "/mcp", http_client=http)
+        transport = streamable_http_client((url or stack.url) + "/mcp", http_client=http)
         async with Client(transport, mode=mode, elicitation_callback=callback) as client:
             yield client
 
 
+def url_of(request: pytest.FixtureRequest, over: str) -> str | None:
+    """The gateway a test's client talks to over HTTP: the round-robin proxy for "two gateways"."""
+    return str(request.getfixturevalue("two_gateways")) if over == "two gateways" else None
+
+
 @pytest.mark.parametrize(("mode", "over"), WAYS)
-async def test_mcp_client_accepting_runs_the_call_once(stack: ApprovalStack, mode: str, over: str) -> None:
+async def test_mcp_client_accepting_runs_the_call_once(
+    stack: ApprovalStack, mode: str, over: str, request: pytest.FixtureRequest
+) -> None:
     """The human is asked through the client before anything is enqueued; accepted, the call runs once and
     the audit trail records who approved."""
     name, asked = item(), []
-    async with mcp_client(stack, mode, answering("accept", asked), over) as client:
+    async with mcp_client(stack, mode, answering("accept", asked), over, url_of(request, over)) as client:
         result = await client.call_tool("delete_item", {"item": name})
     assert result.is_error is False, text_of(result)
     assert len(asked) == 1 and f"/echo/delete/{name}" in asked[0]
     assert stack.hits(f"/echo/delete/{name}") == 1
     call_id = result.meta[CALL_META_KEY]["callId"]  # type: ignore[index]
     decided = [r for r in audit_records(stack) if r.get("callId") == call_id and r.get("decision")]
-    assert [(r["principal"], r["decision"]) for r in decided] == [("token-1" if over == "http" else "local", "approve")]
+    approver = "local" if over == "stdio" else "token-1"
+    assert [(r["principal"], r["decision"]) for r in decided] == [(approver, "approve")]
 
 
 @pytest.mark.parametrize(("mode", "over"), WAYS)
 @pytest.mark.parametrize("action", ["decline", "cancel"])
-async def test_mcp_client_declining_sends_nothing(stack: ApprovalStack, mode: str, over: str, action: str) -> None:
+async def test_mcp_client_declining_sends_nothing(
+    stack: ApprovalStack, mode: str, over: str, action: str, request: pytest.FixtureRequest
+) -> None:
     """Declined (or dismissed), the call is never enqueued: a tool error says so, the upstream saw nothing."""
     name, asked = item(), []
-    async with mcp_client(stack, mode, answering(action, asked), over) as client:
+    async with mcp_client(stack, mode, answering(action, asked), over, url_of(request, over)) as client:
         result = await client.call_tool("peek_item", {"item": name})
     assert result.is_error is True and "not sent" in text_of(result)
     assert len(asked) == 1
@@ -457,14 +483,39 @@ async def test_mcp_client_declining_sends_nothing(stack: ApprovalStack, mode: st
     assert not [row for row in listed(stack).values() if row["arguments"] == {"item": name}]
 
 
-@pytest.mark.parametrize(("mode", "callback"), [("auto", False), ("legacy", False), ("legacy", True)])
-async def test_mcp_client_that_cannot_be_asked_is_told_how_approval_is_granted(
-    stack: ApprovalStack, mode: str, callback: bool
-) -> None:
-    """A client without elicitation (or a handshake-era one over the stateless HTTP transport, which no
-    server-to-client request can reach) gets a tool error naming the ways to approve; nothing is sent."""
+async def test_the_gateway_holding_the_stream_stopped_while_asking_sends_nothing(stack: ApprovalStack) -> None:
+    """A 2025-11-25 HTTP client is asked on its call's stream; the gateway process holding that stream is
+    killed before the client answers: the call ends with an error, its answer (taken by the other process)
+    runs nothing, and nothing is ever sent or parked."""
+    name = item()
+    holder, other = (start_gateway(stack.gateway.env, stack.directory / f"gateway-{n}-{name}.log") for n in "ab")
+    gateways = {g.url: g for g in (holder, other)}
+    for gateway in gateways.values():
+        wait_listening(gateway, ready=True)
+    proxy = RoundRobin(list(gateways))
+    server = proxy.start()
+
+    async def kill_then_accept(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        gateways[proxy.last].kill()  # the last request forwarded is the call whose stream asks
+        return ElicitResult(action="accept")
+
+    try:
+        async with mcp_client(stack, "legacy", kill_then_accept, url=server.url) as client:
+            with pytest.raises(MCPError, match="stream ended"):
+                await asyncio.wait_for(client.call_tool("delete_item", {"item": name}), 60)
+    finally:
+        server.stop()
+        for gateway in gateways.values():
+            gateway.stop()
+    assert stack.hits(f"/echo/delete/{name}") == 0
+    assert not [row for row in listed(stack).values() if row["arguments"] == {"item": name}]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_mcp_client_that_cannot_be_asked_is_told_how_approval_is_granted(stack: ApprovalStack, mode: str) -> None:
+    """A client that declared no elicitation gets a tool error naming the ways to approve; nothing is sent."""
     name, asked = item(), []
-    async with mcp_client(stack, mode, answering("accept", asked) if callback else None) as client:
+    async with mcp_client(stack, mode) as client:
         result = await client.call_tool("delete_item", {"item": name})
         plain = await client.call_tool("read_item", {"item": name})
     assert result.is_error is True and "approve" in text_of(result) and "/v1/approvals" in text_of(result)

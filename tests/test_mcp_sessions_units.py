@@ -6,6 +6,7 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
+from worker.gateway.mcp.back_channel import REPLY_KEY_PREFIX, Replies, is_reply
 from worker.gateway.mcp.sessions import SESSION_KEY_PREFIX, Handshake, Handshakes
 
 PARAMS = {
@@ -43,3 +44,33 @@ async def test_a_session_keeps_the_handshake_for_its_principal_until_ended() -> 
 def test_what_is_not_a_handshake_is_none(params: dict[str, object]) -> None:
     """Missing or mistyped version, client info or capabilities: no handshake (the SDK answers the error)."""
     assert Handshake.of(params) is None
+
+
+async def test_a_reply_reaches_the_waiter_of_its_session_and_request_only() -> None:
+    """A client's answer, delivered by any process, is taken by the one waiting on that session and request
+    id; another session's waiter on the same id gets nothing, and a waiter with no answer gives up in time."""
+    redis = fakeredis.FakeAsyncRedis()
+    replies = Replies(redis, keep_s=0.2)
+    reply = {"jsonrpc": "2.0", "id": "r-1", "result": {"action": "accept"}}
+    await replies.deliver("session-a", reply)
+    assert await replies.wait("session-b", "r-1") is None
+    assert await replies.wait("session-a", "r-1") == reply
+    assert await replies.wait("session-a", "r-1") is None  # taken once
+    keys = await redis.keys(REPLY_KEY_PREFIX + "*")
+    assert keys == []
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ({"jsonrpc": "2.0", "id": 3, "result": {}}, True),
+        ({"jsonrpc": "2.0", "id": "x", "error": {"code": -1, "message": "no"}}, True),
+        ({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {}}, False),
+        ({"jsonrpc": "2.0", "method": "notifications/initialized"}, False),
+        ([{"jsonrpc": "2.0", "id": 3, "result": {}}], False),
+        (None, False),
+    ],
+)
+def test_only_a_json_rpc_response_is_a_reply(message: object, expected: bool) -> None:
+    """Answers (result or error, no method) are replies; requests, notifications and batches are not."""
+    assert is_reply(message) is expected

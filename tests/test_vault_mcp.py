@@ -1,5 +1,5 @@
-"""Consent over MCP, with the SDK's own client: URL-mode elicitation (-32042 over stateless HTTP for a
-2025-11-25 client that declared it), an `input_required` URL elicitation (2026-07-28), and the tool error
+"""Consent over MCP, with the SDK's own client: URL-mode `elicitation/create` (on the call's stream for a
+2025-11-25 HTTP client that declared it), an `input_required` URL elicitation (2026-07-28), and the tool error
 with the link for a client that can do neither. What each client saw is printed (pytest -s)."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 
 from tests.support.gateway_stack import start_gateway, text_of
 from tests.support.round_robin import RoundRobin
@@ -41,24 +40,34 @@ async def mcp_client(
             yield client
 
 
-async def test_a_2025_client_with_url_elicitation_gets_32042_then_the_call_runs(vault_stack: VaultStack) -> None:
-    """A 2025-11-25 client that declared URL elicitation is asked with -32042 (stateless HTTP has no
-    back-channel); after the user consents, the same call runs with the user's token."""
+async def test_a_2025_client_with_url_elicitation_is_asked_on_the_calls_stream(
+    vault_stack: VaultStack, tmp_path: Path
+) -> None:
+    """A 2025-11-25 client over HTTP that declared URL elicitation gets `elicitation/create` (mode url) on
+    its call's stream, its answer reaching the waiting gateway whichever of two processes it is POSTed to;
+    once the user has consented, the call runs with the user's token."""
+    seen: list[Any] = []
 
-    async def never(context: Any, params: Any) -> types.ElicitResult:
-        raise AssertionError("no elicitation/create over stateless HTTP")
-
-    async with mcp_client(vault_stack, "henry", "legacy", never) as client:
-        with pytest.raises(MCPError) as raised:
-            await client.call_tool("whoami", {})
-        assert raised.value.error.code == -32042
-        elicitation = raised.value.error.data["elicitations"][0]
-        code, url = raised.value.error.code, elicitation["url"]
-        print(f"2025-11-25 client with elicitation: error {code}, {elicitation['mode']} {url}")
-        page = await asyncio.to_thread(consent, elicitation["url"], "henry-account")
+    async def browse(context: Any, params: Any) -> types.ElicitResult:
+        seen.append(params)
+        page = await asyncio.to_thread(consent, params.url, "henry-account")
         assert page.status_code == 200, page.text
-        result = await client.call_tool("whoami", {})
-    assert not result.is_error and json.loads(text_of(result)) == {"sub": "henry-account"}
+        return types.ElicitResult(action="accept")
+
+    second_gateway = start_gateway(vault_stack.gateway.env, tmp_path / "gateway-2.log")
+    proxy = RoundRobin([vault_stack.url, second_gateway.url])
+    server = proxy.start()
+    try:
+        async with mcp_client(vault_stack, "henry", "legacy", browse, url=server.url) as client:
+            assert client.protocol_version == "2025-11-25"
+            results = [await client.call_tool("whoami", {}) for _ in range(2)]
+    finally:
+        server.stop()
+        second_gateway.stop()
+    print(f"2025-11-25 client with elicitation: elicitation/create {seen[0].mode} {seen[0].url}")
+    assert [p.mode for p in seen] == ["url"]  # asked once: the second call finds the user connected
+    assert all(not r.is_error and json.loads(text_of(r)) == {"sub": "henry-account"} for r in results)
+    assert all(proxy.served[backend] >= 2 for backend in proxy.backends), proxy.served
 
 
 async def test_a_2026_client_answers_an_input_required_url_elicitation(vault_stack: VaultStack) -> None:

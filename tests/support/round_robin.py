@@ -17,11 +17,12 @@ _NOT_FORWARDED = frozenset({"connection", "keep-alive", "transfer-encoding", "ho
 
 
 class RoundRobin:
-    """The proxy's backends (base URLs) and how many requests each was given."""
+    """The proxy's backends (base URLs), how many requests each was given, and which took the last one."""
 
     def __init__(self, backends: list[str]) -> None:
         self.backends = backends
         self.served: Counter[str] = Counter()
+        self.last = ""
         self._next = itertools.cycle(backends)
 
     def app(self) -> web.Application:
@@ -35,6 +36,7 @@ class RoundRobin:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         backend = next(self._next)
         self.served[backend] += 1
+        self.last = backend
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         timeout = aiohttp.ClientTimeout(total=120)
         async with (

@@ -39,6 +39,7 @@ from worker.gateway.console.sources import Extensions, ParkedCalls, UserConnecti
 from worker.gateway.identity.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
 from worker.gateway.identity.principals import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.identity.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
+from worker.gateway.mcp.back_channel import BACK_CHANNEL_SCOPE_KEY, BackChannelTransport, Replies
 from worker.gateway.mcp.server import McpFront, Options
 from worker.gateway.mcp.sessions import Handshakes, McpSessions
 from worker.gateway.rest import document as openapi_document
@@ -66,16 +67,20 @@ class _McpEndpoint:
 
     Two of them: answers as plain JSON (no stream to set up: a quarter less CPU a call), and, for a
     request that asks for progress or waits for a task's end (`tasks/result`, whose stream carries
-    `notifications/tasks/status`), as an event stream that can carry it."""
+    `notifications/tasks/status`) or whose client may be asked during it (back_channel.py), as an event
+    stream that can carry it."""
 
     def __init__(self, late: _Late) -> None:
         self._late = late
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._late.sessions(scope, receive, send, self._transport)
+
+    async def _transport(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = scope.get(BODY_SCOPE_KEY, b"")
-        streamed = b'"progressToken"' in body or b'"tasks/result"' in body
+        streamed = b'"progressToken"' in body or b'"tasks/result"' in body or BACK_CHANNEL_SCOPE_KEY in scope
         transport = self._late.streaming if streamed else self._late.mcp
-        await self._late.sessions(scope, receive, send, transport.handle_request)
+        await transport.handle_request(scope, receive, send)
 
 
 def identity(settings: Settings) -> tuple[Gatekeeper, list[Route]]:
@@ -107,7 +112,8 @@ def create_app(
             server = front.server()
             late.mcp = _transport(server, settings, json_response=True)
             late.streaming = _transport(server, settings, json_response=False)
-            late.sessions = McpSessions(Handshakes(calls.redis))
+            replies = Replies(calls.redis, settings.gateway_call_timeout_seconds)
+            late.sessions = McpSessions(Handshakes(calls.redis), replies)
             for route in [*_routes(calls, settings), *console.routes()]:
                 app.router.routes.append(route)
             await calls.health.status()  # the first ping (and its imports) before the first request
@@ -132,7 +138,7 @@ def create_app(
 
 
 def _transport(server: Server[Any], settings: Settings, json_response: bool) -> StreamableHTTPSessionManager:
-    return StreamableHTTPSessionManager(
+    return BackChannelTransport(
         server,
         stateless=True,  # any process answers any request
         json_response=json_response,

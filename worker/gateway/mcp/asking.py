@@ -5,12 +5,11 @@ that must not pass through the client).
     2026-07-28            an `input_required` result carrying the question; the client asks its human and
                           sends the request again with the answer in `inputResponses`, read here on that
                           retry. Nothing is kept between the rounds, so the second may reach another gateway.
-    2025-11-25 and before `elicitation/create` on the request's back-channel (stdio) where the client
-                          declared elicitation. Over HTTP, the handshake's capabilities come with the session
-                          (sessions.py): a client that declared URL mode gets the -32042 error (URL
-                          elicitation required, the URL in its data and its message) and calls again; one
-                          that did not is unsupported. A request without a session (capabilities unknown)
-                          gets -32042 too.
+    2025-11-25 and before `elicitation/create` on the request's back-channel where the client declared
+                          elicitation: stdio, or over HTTP the `tools/call`'s own event stream, the answer
+                          coming back through Redis from whichever process it is POSTed to (sessions.py,
+                          back_channel.py). A request over HTTP without a session (capabilities unknown)
+                          gets the -32042 error (URL elicitation required, the URL in its data and message).
     neither               Answer("unsupported"): the caller says in its tool error what the human can do
 """
 
@@ -72,10 +71,10 @@ async def ask_to_visit(ctx: Context, key: str, message: str, url: str) -> Answer
         raise _url_required(message, url, key)
     if not _declared(ctx, "url"):
         return Answer("unsupported")
-    if not ctx.session.can_send_request:  # a session over HTTP: the client declared URL mode, and retries
+    if not ctx.session.can_send_request:  # no stream to ask on: the client visits the URL and calls again
         raise _url_required(message, url, key)
     try:
-        result = await ctx.session.elicit_url(message, url, key)
+        result = await ctx.session.elicit_url(message, url, key, ctx.request_id)
     except NoBackChannelError:  # the client is told to visit the URL and call again
         raise _url_required(message, url, key) from None
     return Answer(result.action)

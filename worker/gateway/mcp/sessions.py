@@ -17,7 +17,9 @@ its digest is stored. A request with an id that is unknown, expired, ended or an
 answered 404, as Streamable HTTP requires, and the client starts a new session. A GET (the standalone event
 stream) is 405: nothing is sent to these clients unasked, and no stream need stand open per client and
 process. 2026-07-28 clients send no `initialize` and get no session: each of their requests says what it
-needs.
+needs. A POSTed JSON-RPC response of a session is a client's answer to a request sent on one of its calls'
+streams: it is handed to back_channel.py (202), and a `tools/call` of a client that declared elicitation
+gets a back channel to be asked on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.gateway.identity.principals import principal_of
 from worker.gateway.identity.security import BODY_SCOPE_KEY
+from worker.gateway.mcp.back_channel import BACK_CHANNEL_SCOPE_KEY, Channel, Replies, is_reply
 
 SESSION_KEY_PREFIX = "toolworker:gateway:mcp-session:"
 SESSION_HEADER = "mcp-session-id"
@@ -107,8 +110,9 @@ class McpSessions:
     """In front of the SDK's stateless transport: gives an `initialize` answer its session id, and hands
     each later request of the session its handshake (or answers 404)."""
 
-    def __init__(self, handshakes: Handshakes) -> None:
+    def __init__(self, handshakes: Handshakes, replies: Replies) -> None:
         self.handshakes = handshakes
+        self.replies = replies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, app: ASGIApp) -> None:
         session_id = _header(scope, SESSION_HEADER)
@@ -128,6 +132,12 @@ class McpSessions:
         if scope["method"] == "GET":  # no standing stream: nothing is sent to these clients unasked
             return await _no_stream(scope, receive, send)
         scope[HANDSHAKE_SCOPE_KEY] = handshake
+        message = _message(scope)
+        if is_reply(message):  # an answer to a request sent on a call's stream, maybe by another process
+            await self.replies.deliver(session_id, message)
+            return await JSONResponse(None, status_code=202)(scope, receive, send)
+        if _can_be_asked(handshake, message):
+            scope[BACK_CHANNEL_SCOPE_KEY] = Channel(session_id, self.replies)
         await app(scope, receive, send)
 
 
@@ -135,6 +145,20 @@ def handshake_of(scope: Scope) -> Handshake | None:
     """The handshake of the request's session, if it has one."""
     found = scope.get(HANDSHAKE_SCOPE_KEY)
     return found if isinstance(found, Handshake) else None
+
+
+def _message(scope: Scope) -> Any:
+    """The POSTed JSON-RPC message (None when not one)."""
+    try:
+        return json.loads(scope.get(BODY_SCOPE_KEY, b"")) if scope["method"] == "POST" else None
+    except ValueError:
+        return None
+
+
+def _can_be_asked(handshake: Handshake, message: Any) -> bool:
+    """A `tools/call` whose client declared elicitation: it may be asked on the call's stream."""
+    called = isinstance(message, dict) and message.get("method") == "tools/call"
+    return called and handshake.capabilities.elicitation is not None
 
 
 def _key(session_id: str) -> str:
