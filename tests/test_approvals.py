@@ -511,6 +511,27 @@ async def test_the_gateway_holding_the_stream_stopped_while_asking_sends_nothing
     assert not [row for row in listed(stack).values() if row["arguments"] == {"item": name}]
 
 
+async def test_a_question_unanswered_within_the_call_deadline_ends_the_call(stack: ApprovalStack) -> None:
+    """A 2025-11-25 HTTP client that does not answer `elicitation/create` within the gateway's call
+    deadline gets an error saying so; nothing is sent."""
+    name = item()
+    env = {**stack.gateway.env, "TOOLWORKER_GATEWAY_CALL_TIMEOUT_SECONDS": "2"}
+    gateway = start_gateway(env, stack.directory / f"gateway-brief-{name}.log")
+    wait_listening(gateway, ready=True)
+
+    async def slow(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        await asyncio.sleep(6)
+        return ElicitResult(action="accept")
+
+    try:
+        async with mcp_client(stack, "legacy", slow, url=gateway.url) as client:
+            with pytest.raises(MCPError, match="did not answer in time"):
+                await asyncio.wait_for(client.call_tool("delete_item", {"item": name}), 60)
+    finally:
+        gateway.stop()
+    assert stack.hits(f"/echo/delete/{name}") == 0
+
+
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_mcp_client_that_cannot_be_asked_is_told_how_approval_is_granted(stack: ApprovalStack, mode: str) -> None:
     """A client that declared no elicitation gets a tool error naming the ways to approve; nothing is sent."""
