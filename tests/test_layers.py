@@ -19,6 +19,8 @@ LAYERS: list[frozenset[str]] = [
     frozenset({"worker.gateway"}),
     frozenset({"worker", "worker.client"}),
     frozenset({"worker.queue"}),
+    # Code mode's sandbox bridge and runs, under the queue that parks and wakes programs (queue/programs.py).
+    frozenset({"worker.program"}),
     frozenset({"worker.call"}),
     frozenset({"worker.http"}),
     frozenset({"worker.definitions"}),

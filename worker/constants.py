@@ -57,6 +57,8 @@ KIND_DEFINED = "defined"  # rendered from the definition's templates
 KIND_HTTP_REQUEST = "http_request"  # the model gives method and URL; egress-checked
 KIND_CATALOG = "catalog"  # answered by the worker from its definitions
 HTTP_REQUEST_TOOL = "http_request"
+# Code mode: the queued call that runs a program (worker/program/), its arguments `code` and `tools`.
+PROGRAM_TOOL = "run_code"
 # The upstream the built-in tools (catalog, http_request) are listed under.
 WORKER_UPSTREAM = "toolworker"
 # Other names models know the generic tool by.

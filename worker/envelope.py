@@ -70,6 +70,9 @@ class ToolResult:
     # Answered from the cache, stored `age` seconds ago.
     cached: bool = False
     age: int | None = None
+    # A program's (code mode, worker/program/): what it printed, and one line per tool call it made.
+    output: str | None = None
+    calls: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,5 +113,5 @@ class ToolResult:
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))
-_OPTIONAL = frozenset({"structured", "truncation", "note", "pages", "next_cursor", "cached", "age"})
+_OPTIONAL = frozenset({"structured", "truncation", "note", "pages", "next_cursor", "cached", "age", "output", "calls"})
 _FIELD_SET = frozenset(_FIELDS)
