@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.connections import RedisUnavailable, check_reachable, sync_client
-from worker.constants import DEFAULT_QUEUE
+from worker.constants import CODE_CALL_TIMEOUT_S, DEFAULT_QUEUE
 from worker.errors import RedisLost
 from worker.redaction import mask_url
 from worker.settings import Settings, get_settings
@@ -153,6 +153,26 @@ _DEAD_LETTER_ACTIONS = {
     "replay": "enqueue the item's calls again with their callIds (each answered once)",
     "purge": "remove exactly that item",
 }
+
+
+def _run_code_command(commands: Any) -> None:
+    run = commands.add_parser(
+        "run-code", help="run a program (code mode) and print its envelope; exits with its exitCode"
+    )
+    run.add_argument("file", help="the program's file, or - for standard input")
+    run.add_argument("--timeout", type=float, default=CODE_CALL_TIMEOUT_S, metavar="S")
+    run.set_defaults(handler=_run_code)
+
+
+def _run_code(args: argparse.Namespace) -> int:
+    from worker.client import ToolClient
+
+    code = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    _check_redis(get_settings())
+    with ToolClient() as client:
+        result = client.run_code(code, timeout=args.timeout)
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    return result.exit_code
 
 
 def _approvals_parser(commands: Any) -> None:
@@ -629,7 +649,7 @@ def _audit_action(settings: Settings, name: str, target: str) -> None:
 
 
 # The commands registered apart from `_parser`'s own lines, in the order `--help` lists them.
-_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser)
+_COMMANDS = (_audit_command, _dead_letters_command, _approvals_parser, _connections_parser, _run_code_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

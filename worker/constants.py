@@ -59,6 +59,8 @@ KIND_CATALOG = "catalog"  # answered by the worker from its definitions
 HTTP_REQUEST_TOOL = "http_request"
 # Code mode: the queued call that runs a program (worker/program/), its arguments `code` and `tools`.
 PROGRAM_TOOL = "run_code"
+# How long a client waits for a program by default: TOOLWORKER_CODE_TIMEOUT_SECONDS' default, and a little.
+CODE_CALL_TIMEOUT_S = 130.0
 # The upstream the built-in tools (catalog, http_request) are listed under.
 WORKER_UPSTREAM = "toolworker"
 # Other names models know the generic tool by.
