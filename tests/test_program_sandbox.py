@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from worker.program.sandbox import Finished, Limits, ProgramFailed, Sandbox, Suspended, prelude, python_name
+from worker.definitions.signatures import python_name
+from worker.program.sandbox import Finished, Limits, ProgramFailed, Sandbox, Suspended, prelude
 
 
 @pytest.fixture

@@ -439,7 +439,12 @@ def _publish(args: argparse.Namespace) -> int:
 
 def _gateway_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", action="append", default=[], help="offer only tools with this tag (repeatable)")
-    parser.add_argument("--mode", choices=["all", "discovery"], default="all", help="discovery: meta-tools only")
+    parser.add_argument(
+        "--mode",
+        choices=["all", "discovery", "code"],
+        default=None,
+        help="discovery: meta-tools only; code: find tools, run programs (default: TOOLWORKER_GATEWAY_MODE)",
+    )
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -450,7 +455,7 @@ def _gateway(args: argparse.Namespace) -> int:
     configure(settings.log_format, settings.log_level)
     if not _vault_keys_usable(settings):
         return 78
-    return serve(settings, Options(args.tag, args.mode), args.host, args.port)
+    return serve(settings, Options(args.tag, args.mode or settings.gateway_mode), args.host, args.port)
 
 
 def _vault_keys_usable(settings: Settings) -> bool:
@@ -474,7 +479,7 @@ def _mcp(args: argparse.Namespace) -> int:
     configure(settings.log_format, settings.log_level)
     if not _vault_keys_usable(settings):
         return 78
-    return serve_stdio(settings, Options(args.tag, args.mode))
+    return serve_stdio(settings, Options(args.tag, args.mode or settings.gateway_mode))
 
 
 def _queue(args: argparse.Namespace) -> int:

@@ -56,6 +56,7 @@ DEFAULT_MAX_CONCURRENCY = 100
 KIND_DEFINED = "defined"  # rendered from the definition's templates
 KIND_HTTP_REQUEST = "http_request"  # the model gives method and URL; egress-checked
 KIND_CATALOG = "catalog"  # answered by the worker from its definitions
+KIND_PROGRAM = "program"  # code mode: a program run in the sandbox, its tool calls sent as child calls
 HTTP_REQUEST_TOOL = "http_request"
 # Code mode: the queued call that runs a program (worker/program/), its arguments `code` and `tools`.
 PROGRAM_TOOL = "run_code"

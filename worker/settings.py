@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     # Code mode (worker/program/, docs/guides/code-mode.md): `run_code` offered beside the tools in the
     # gateway's `all` and `discovery` modes (always in `code` mode).
     code_mode: bool = False
+    # What the gateway's MCP clients see (`--mode` chooses too): `all` the tools, `discovery` meta-tools to
+    # find and call them, `code` the meta-tools to find them and `run_code` to call them from a program.
+    gateway_mode: Literal["all", "discovery", "code"] = "all"
     # Tool calls one program may make; the next one ends it (exit 75).
     code_max_calls: int = Field(50, ge=1, le=10_000)
     # Wall time of a program, from its start to its answer, its tool calls' time included (exit 75).

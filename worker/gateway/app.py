@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from worker.gateway import openapi_document, version
+from worker.gateway import code_mode, openapi_document, version
 from worker.gateway.calls import Calls, open_calls
 from worker.gateway.connections import Connections
 from worker.gateway.console import open_console
@@ -96,6 +96,7 @@ def create_app(
     settings: Settings, options: Options, gatekeeper: tuple[Gatekeeper, list[Route]] | None = None
 ) -> ASGIApp:
     late = _Late()
+    settings = code_mode.settings_for(settings, options.mode)
     keeper, metadata_routes = gatekeeper or identity(settings)
 
     @contextlib.asynccontextmanager

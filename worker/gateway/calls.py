@@ -31,6 +31,7 @@ from worker import tracing
 from worker.call import cache
 from worker.client import AsyncToolClient
 from worker.connections import async_client
+from worker.constants import KIND_PROGRAM, PROGRAM_TOOL
 from worker.definitions.model import Tool, needs_approval
 from worker.envelope import ToolResult
 from worker.errors import UnknownTool
@@ -155,7 +156,7 @@ class Calls:
         headers = forwarded(spec.headers, upstream)
         if self.delegation is not None and upstream.auth is not None and upstream.auth.type == "oauth2_token_exchange":
             await self.delegation.exchange(spec.principal.name, upstream, spec.subject_token)
-        call = (spec.tool, dict(spec.arguments), headers)
+        call = (spec.tool, self._arguments(tool, spec), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
         who = spec.principal
         taken_at, started_s = now_iso(), time.perf_counter()
@@ -176,6 +177,13 @@ class Calls:
                 await self._claims.release(call_id)
             raise
         return Submitted(call_id, tool, True, who, taken_at, started_s)
+
+    def _arguments(self, tool: Tool, spec: CallSpec) -> dict[str, Any]:
+        """The call's arguments; a program's name the tools its `tools` offers: what the principal may call."""
+        arguments = dict(spec.arguments)
+        if tool.kind == KIND_PROGRAM:
+            arguments["tools"] = [name for name in self.visible(spec.principal).names if name != PROGRAM_TOOL]
+        return arguments
 
     async def _grant(self, call_id: str, tool: Tool, spec: CallSpec) -> None:
         """Record the approval a human gave through MCP, so that the worker runs the call (once)."""

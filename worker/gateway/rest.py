@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker.constants import PROGRAM_TOOL
 from worker.definitions import catalog
 from worker.envelope import ToolResult
 from worker.errors import CallbackRefused, TenantQueueFull, UnknownTool
@@ -84,6 +85,17 @@ class CallBody(BaseModel):
     wait: bool = True
     waitSeconds: float | None = Field(None, ge=0, le=MAX_WAIT_S)
     # Where the envelope is POSTed once published (signed webhooks; TOOLWORKER_CALLBACK_ALLOW).
+    callback: CallbackBody | None = None
+
+
+class CodeBody(BaseModel):
+    """A program as `/v1/code` takes it (code mode)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    code: str = Field(min_length=1, max_length=100_000)
+    timeoutSeconds: float | None = Field(None, gt=0, le=86_400)
+    waitSeconds: float | None = Field(None, ge=0, le=MAX_WAIT_S)
     callback: CallbackBody | None = None
 
 
@@ -155,6 +167,7 @@ class Rest:
             Route("/v1/calls/{call_id}", guarded(self.get_call), methods=["GET"]),
             Route("/v1/calls/{call_id}", guarded(self.withdraw_call), methods=["DELETE"]),
             Route("/v1/batches", guarded(self.create_batch), methods=["POST"]),
+            Route("/v1/code", guarded(self.run_code), methods=["POST"]),
             Route("/v1/tools", guarded(self.list_tools), methods=["GET"]),
             Route("/v1/tools/search", guarded(self.search_tools), methods=["GET"]),
             Route("/v1/tools/{name}", guarded(self.get_tool), methods=["GET"]),
@@ -167,7 +180,21 @@ class Rest:
     # --- calls ------------------------------------------------------------------------------------
 
     async def create_call(self, request: Request) -> Response:
-        body = parse(CallBody, await json_body(request))
+        return await self._create(parse(CallBody, await json_body(request)), request)
+
+    async def run_code(self, request: Request) -> Response:
+        """Code mode: a program run as a call of `run_code` (its envelope's `output` and `calls` say more)."""
+        body = parse(CodeBody, await json_body(request))
+        call = CallBody(
+            tool=PROGRAM_TOOL,
+            arguments={"code": body.code},
+            timeoutSeconds=body.timeoutSeconds,
+            waitSeconds=body.waitSeconds,
+            callback=body.callback,
+        )
+        return await self._create(call, request)
+
+    async def _create(self, body: CallBody, request: Request) -> Response:
         started = time.perf_counter()
         spec = self._spec(body, request)
         submitted = await self.calls.submit(spec)

@@ -15,6 +15,7 @@ from pathlib import Path
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.stdio import stdio_server
 
+from worker.gateway import code_mode
 from worker.gateway.app import Options
 from worker.gateway.calls import open_calls
 from worker.gateway.mcp import McpFront
@@ -22,6 +23,7 @@ from worker.settings import Settings
 
 
 async def _serve(settings: Settings, options: Options) -> None:
+    settings = code_mode.settings_for(settings, options.mode)
     async with open_calls(settings, options.tags) as calls:
         front = McpFront.of(calls, settings, options.mode)
         server = front.server()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import json
-import keyword
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,12 +37,12 @@ from pydantic_monty import (
 )
 
 from worker import errors
+from worker.definitions.signatures import python_name
 
 ALLOWED_MODULES = frozenset({"json", "re", "math", "datetime", "asyncio"})
 SCRIPT_NAME = "program.py"
 HOST_CALL = "_toolworker_call"  # the one host function a program reaches, through `tools`
 TOOL_ERROR_MARK = "ToolError: "  # how an uncaught ToolError's text begins
-_IDENTIFIER = re.compile(r"\W")
 _PRELUDE_HEAD = f"""
 ToolError = RuntimeError
 
@@ -146,14 +145,6 @@ class _Printed:
     @property
     def text(self) -> str:
         return "".join(self.parts)
-
-
-def python_name(tool: str) -> str:
-    """The method name of a tool on `tools` (characters a name cannot hold become `_`)."""
-    name = _IDENTIFIER.sub("_", tool)
-    if not name or name[0].isdigit():
-        name = "_" + name
-    return name + "_" if keyword.iskeyword(name) else name
 
 
 def prelude(tools: Iterable[str]) -> str:
