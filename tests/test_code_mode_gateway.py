@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import shutil
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -178,3 +179,35 @@ def test_a_signature_reads_like_python(tmp_path: Path) -> None:
     )
     assert "Look a ticket up." in text and "page[size]" in text
     ast.parse(text)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK_CLIENTS = ROOT / "tests" / "support" / "task_clients"
+SIDE_ENVS = ROOT / ".venv" / "task-clients"
+
+
+def task_step(kind: str, stack: CodeStack, action: str, **extra: Any) -> Any:
+    """One task step by a new client process of either generation (FastMCP 4: 2026-07-28; mcp 1.x: 2025-11-25)."""
+    script = TASK_CLIENTS / ("fastmcp_tasks_client.py" if kind == "fastmcp4" else "mcp_v1_client.py")
+    python = SIDE_ENVS / kind / "bin" / "python"
+    command = {"url": stack.gateway.url + "/mcp", "token": FULL_TOKEN, "action": action, "timeout": 5, **extra}
+    done = subprocess.run([str(python), str(script), json.dumps(command)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["fastmcp4", "mcp1"])
+def test_run_code_as_a_task(code_stack: CodeStack, kind: str) -> None:
+    """A program started as an MCP task is fetched later by another client, in both generations."""
+    subprocess.run(["make", "-s", "task-clients"], cwd=ROOT, check=True, capture_output=True, timeout=900)
+    code = "r = await tools.slow_item(delay=2)\nprint('slept')\nr['slow']"
+    started = task_step(kind, code_stack, "start", tool="run_code", arguments={"code": code})
+    assert "error" not in started, started
+    created = started["created"]
+    task_id = created["taskId"] if kind == "fastmcp4" else created["task"]["taskId"]
+    fetched = task_step(kind, code_stack, "result", tool="run_code", created=created, taskId=task_id)
+    assert "result" in fetched, json.dumps(fetched)[:3000]
+    result = fetched["result"]
+    texts = result["texts"] if kind == "fastmcp4" else [c["text"] for c in result["content"]]
+    assert result["isError"] is False, result
+    assert texts == ["true", "The program printed:\nslept\n"]

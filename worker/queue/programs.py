@@ -200,11 +200,11 @@ def _seq_of(child: str) -> int:
 
 
 def _finished(call: ToolCall, run: Run, finished: Finished) -> ToolResult:
-    """The envelope of a program that ended: its value (structuredContent when it is not text), what it
-    printed, its calls."""
+    """The envelope of a program that ended: its value (as JSON text, and as structuredContent when it is an
+    object or an array), what it printed, its calls."""
     value = finished.value
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    structured = None if isinstance(value, str) or value is None else value
+    structured = value if isinstance(value, dict | list) else None  # a scalar is its text alone
     output = run.output + finished.output
     log.info("program.finished", callId=call.call_id, calls=run.seq)
     return ToolResult(call.call_id, PROGRAM_TOOL, result=text, structured=structured, output=output, calls=run.calls)
