@@ -43,6 +43,7 @@ import redis
 from benchmarks import (
     answers,
     approvals,
+    code_mode,
     console,
     cost,
     gateway,
@@ -317,6 +318,8 @@ def targets(results: dict[str, Any]) -> list[Target]:
         found += [Target(name, shown, met) for name, shown, met in tenants.targets(case)]
     if case := results.get("cost"):
         found += [Target(name, shown, met) for name, shown, met in cost.targets(case)]
+    if case := results.get("code_mode"):
+        found += [Target(name, shown, met) for name, shown, met in code_mode.targets(case)]
     if case := results.get("in_flight"):
         found.append(_rss_target(case, f"{MIN_IN_FLIGHT:,}+ calls in flight", MIN_IN_FLIGHT))
     if case := results.get("big_bodies"):
@@ -620,6 +623,12 @@ SECTIONS = (
         approvals.print_section,
     ),
     Section(
+        "code_mode",
+        "code mode: what a model reads, gathered calls against sequential ones, a program's cost",
+        lambda server, sizes, args: code_mode.run(server.url, args.quick),
+        code_mode.print_section,
+    ),
+    Section(
         "webhooks",
         "webhooks: what a delivery costs a worker",
         lambda server, sizes, args: webhooks.run(server.url, sizes.calls, _rounds(args)),
@@ -679,6 +688,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--console-only", action="store_true", help="only the console's fleet page (a minute)")
     parser.add_argument("--approvals-only", action="store_true", help="only the approval check's rows (a minute)")
     parser.add_argument("--answers-only", action="store_true", help="only the cache and structured output rows")
+    parser.add_argument("--code-mode-only", action="store_true", help="only code mode's rows (a few minutes)")
     parser.add_argument(
         "--tenants-reference-tree",
         type=Path,
