@@ -35,8 +35,9 @@ from aiohttp import web
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from benchmarks import pipeline
-from benchmarks.gateway import gateway
+from benchmarks.harness.figures import Target
+from benchmarks.harness.meter import cpu_s
+from benchmarks.harness.processes import gateway, process_group
 from tests.support.openapi_gen import generate_spec
 from worker.client import AsyncToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
@@ -290,7 +291,7 @@ async def program_costs(redis_url: str, worker_pid: int, programs: int) -> dict[
             ("one_call", "(await tools.get_service(id='a'))['service']['id']"),
         ):
             await client.arun_code(code)
-            times, cpu_before = [], pipeline.cpu_s(worker_pid)
+            times, cpu_before = [], cpu_s(worker_pid)
             for _ in range(programs):
                 started = time.perf_counter()
                 answer = await client.arun_code(code)
@@ -298,7 +299,7 @@ async def program_costs(redis_url: str, worker_pid: int, programs: int) -> dict[
                 if answer.exit_code:
                     raise RuntimeError(f"the program failed: {answer.error}")
             rows[f"{label}_p50_ms"] = round(statistics.median(times) * 1000, 2)
-            rows[f"{label}_cpu_ms"] = round((pipeline.cpu_s(worker_pid) - cpu_before) * 1000 / programs, 2)
+            rows[f"{label}_cpu_ms"] = round((cpu_s(worker_pid) - cpu_before) * 1000 / programs, 2)
     rows["resumption_p50_ms"] = round(rows["one_call_p50_ms"] - rows["no_call_p50_ms"], 2)
     rows["resumption_cpu_ms"] = round(rows["one_call_cpu_ms"] - rows["no_call_cpu_ms"], 2)
     return rows
@@ -315,7 +316,7 @@ def fleet(redis_url: str, upstream_url: str, definitions: Path) -> Iterator[int]
         "BENCH_UPSTREAM_URL": upstream_url,
     }
     argv = [sys.executable, "-m", "worker", "worker", "--loglevel", "WARNING"]
-    with tempfile.TemporaryDirectory() as tmp, pipeline.process_group(argv, env, Path(tmp) / "worker.log") as pid:
+    with tempfile.TemporaryDirectory() as tmp, process_group(argv, env, Path(tmp) / "worker.log") as pid:
         asyncio.run(_warm(redis_url))
         yield pid
 
@@ -370,11 +371,11 @@ def _measured(redis_url: str, definitions: Path, worker_pid: int, quick: bool) -
     return results
 
 
-def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+def targets(results: dict[str, Any]) -> list[Target]:
     share, ratio = results["code_share_of_all"], results["gather"]["ratio"]
     return [
-        ("code mode reads <= 5% of all mode", f"{share:.1%}", share <= 0.05),
-        ("20 gathered calls <= 15% of 20 sequential", f"{ratio:.1%}", ratio <= 0.15),
+        Target("code mode reads <= 5% of all mode", f"{share:.1%}", share <= 0.05),
+        Target("20 gathered calls <= 15% of 20 sequential", f"{ratio:.1%}", ratio <= 0.15),
     ]
 
 
@@ -388,8 +389,8 @@ def print_section(results: dict[str, Any]) -> None:
     costs = results["costs"]
     print(f"  program without calls: p50 {costs['no_call_p50_ms']} ms, worker CPU {costs['no_call_cpu_ms']} ms")
     print(f"  one resumption adds: p50 {costs['resumption_p50_ms']} ms, worker CPU {costs['resumption_cpu_ms']} ms")
-    for name, value, met in targets(results):
-        print(f"  target {name}: {value} {'met' if met else 'NOT met'}")
+    for target in targets(results):
+        print(f"  target {target.name}: {target.shown} {'met' if target.met else 'NOT met'}")
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
-"""The native REST API under `/v1` (described by openapi_document.py), plus `/healthz` and `/metrics`.
+"""The native REST API under `/v1` (described by document.py), plus `/healthz` and `/metrics`.
 
     POST   /v1/calls              one call: 200 with its envelope, or 202 with its callId (wait: false,
                                   or no envelope within waitSeconds)
     GET    /v1/calls/{callId}     its envelope (200), still pending (202), unknown (404); ?waitSeconds=S
     DELETE /v1/calls/{callId}     take a call that has not started off the queue (200), else 409/404
     POST   /v1/batches            many calls at once, answered in order
+    POST   /v1/code               a program (code mode): its value, printed output and tool calls
     GET    /v1/tools              the catalog (?tag=T, ?format=summary|openai|anthropic|mcp)
     GET    /v1/tools/search       ?question=Q&top_k=N (&format=...)
     GET    /v1/tools/{name}       one tool's full definition
@@ -38,7 +39,6 @@ from worker.definitions import catalog
 from worker.envelope import ToolResult
 from worker.errors import CallbackRefused, TenantQueueFull, UnknownTool
 from worker.gateway import metrics
-from worker.gateway.bodies import BadBody, json_body, parse
 from worker.gateway.calls import (
     MAX_CALL_ID_CHARS,
     QUEUE_FULL_RETRY_AFTER_S,
@@ -49,7 +49,8 @@ from worker.gateway.calls import (
 )
 from worker.gateway.decisions import NotAllowed
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import access_token_of, principal_of
+from worker.gateway.identity.principals import access_token_of, principal_of
+from worker.gateway.rest.bodies import BadBody, json_body, parse
 from worker.protocol import MAX_CALLBACK_URL_CHARS
 from worker.queue.approvals import NotParked
 

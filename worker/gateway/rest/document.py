@@ -85,6 +85,18 @@ SCHEMAS: JSON = {
             }
         },
     },
+    "CodeRequest": {
+        "type": "object",
+        "required": ["code"],
+        "additionalProperties": False,
+        "description": "A program (code mode, docs/guides/code-mode.md): its tool calls are `await tools.<name>(...)`.",
+        "properties": {
+            "code": {"type": "string", "minLength": 1, "maxLength": 100000, "description": "The program's text."},
+            "timeoutSeconds": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 86400},
+            "waitSeconds": {"type": ["number", "null"], "minimum": 0, "maximum": 3600},
+            "callback": {"anyOf": [_ref("Callback"), {"type": "null"}]},
+        },
+    },
     "BatchRequest": {
         "type": "object",
         "required": ["calls"],
@@ -128,6 +140,12 @@ SCHEMAS: JSON = {
                 "description": "More pages remain: pass this as the tool's pagination argument to continue.",
             },
             "cached": {"type": "boolean", "description": "Answered from the cache, without an upstream request."},
+            "output": {"type": ["string", "null"], "description": "A program's printed text (code mode)."},
+            "calls": {
+                "type": ["array", "null"],
+                "items": {"type": "object"},
+                "description": "A program's tool calls, one line each: callId, tool, exitCode, durationMs.",
+            },
             "age": {"type": ["integer", "null"], "description": "Seconds since a cached answer was stored."},
         },
     },
@@ -275,6 +293,21 @@ def _paths() -> JSON:
                     **_ERRORS,
                 },
                 requestBody=batch_body,
+            )
+        },
+        "/v1/code": {
+            "post": _operation(
+                "runCode",
+                "Run a program whose tool calls are sent to the fleet (code mode)",
+                {
+                    "200": _json(_ref("Envelope"), "The program's envelope: result, output, calls."),
+                    "202": _json(_ref("Pending"), "Not answered yet (waitSeconds ran out)."),
+                    "404": _json(_ref("Error"), "Code mode is off, or the principal may not run code."),
+                    "503": _json(_ref("Error"), "The fleet cannot take calls now."),
+                    "403": _json(_ref("Error"), "The callback URL is not allowed (callback_refused)."),
+                    **_ERRORS,
+                },
+                requestBody={"required": True, "content": {"application/json": {"schema": _ref("CodeRequest")}}},
             )
         },
         "/v1/tools": {

@@ -14,8 +14,8 @@ from typing import Any
 
 from worker.constants import PROGRAM_TOOL
 from worker.definitions import catalog
-from worker.gateway import discovery
 from worker.gateway.catalog import Snapshot
+from worker.gateway.mcp import discovery
 from worker.settings import Settings
 
 META_TOOLS: list[dict[str, Any]] = [
