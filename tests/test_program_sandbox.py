@@ -54,9 +54,11 @@ async def test_a_tool_error_is_caught_by_the_program(sandbox: Sandbox) -> None:
 
 async def test_an_uncaught_tool_error_ends_with_the_calls_exit_code(sandbox: Sandbox) -> None:
     """A failed call the program does not catch ends it with that call's exit code and its line."""
-    first = _suspended(await sandbox.start("x = 1\nawait tools.t()", ["t"]))
+    code = "x = 1\nawait tools.t()"
+    first = _suspended(await sandbox.start(code, ["t"]))
+    answer = {"exitCode": 28, "error": "ToolError: t exit 28: slow"}
     with pytest.raises(ProgramFailed) as caught:
-        await sandbox.resume(first.state, {first.pending[0]: {"exitCode": 28, "error": "ToolError: t exit 28: slow"}})
+        await sandbox.resume(first.state, {first.pending[0]: answer}, code)
     assert (caught.value.exit_code, caught.value.type, caught.value.line) == (28, "tool_error", 2)
 
 
@@ -74,6 +76,7 @@ async def test_a_tool_outside_the_grant_does_not_exist(sandbox: Sandbox) -> None
         ('x = "a"\nwhile True:\n    x = x + x', 75, "TOOLWORKER_CODE_MAX_MEMORY_MB"),
         ("def f(n):\n    return f(n + 1)\nf(0)", 75, "recursion"),
         ('"x" * 2_000_000', 63, "TOOLWORKER_CODE_MAX_OUTPUT_BYTES"),
+        ("import asyncio\nawait asyncio.gather(*[tools.t() for i in range(10000)])", 75, "TOOLWORKER_CODE_MAX_CALLS"),
         ('for i in range(100000):\n    print("spam" * 10)', 63, "TOOLWORKER_CODE_MAX_OUTPUT_BYTES"),
         ("x = 1\ny = (\n", 65, "(line 2)"),
         ("import os\nos.environ", 65, "'os'"),
@@ -83,7 +86,7 @@ async def test_a_tool_outside_the_grant_does_not_exist(sandbox: Sandbox) -> None
 async def test_hostile_programs_end_with_a_clear_error(sandbox: Sandbox, code: str, exit_code: int, named: str) -> None:
     """Each hostile program ends with its exit code and a message naming what stopped it."""
     with pytest.raises(ProgramFailed) as caught:
-        await sandbox.start(code, [])
+        await sandbox.start(code, ["t"])
     assert caught.value.exit_code == exit_code
     assert named in caught.value.message
     assert await sandbox.start("1 + 1", []) == Finished(2, "")  # the sandbox keeps serving

@@ -204,9 +204,9 @@ class Sandbox:
                 snapshot = await session.feed_start(code, print_callback=printed)
                 return await self._stretch(snapshot, printed)
         except MontyError as exc:
-            raise _translated(exc, self.limits) from None
+            raise _translated(exc, self.limits, code) from None
 
-    async def resume(self, state: bytes, answers: Mapping[int, Any]) -> Suspended | Finished:
+    async def resume(self, state: bytes, answers: Mapping[int, Any], code: str = "") -> Suspended | Finished:
         """Load a stored state and resume it with the answers of the calls it waits for."""
         pool, printed = await self._ready(), _Printed(self.limits.max_output_bytes)
         settled: dict[int, ExternalSettledResult] = {
@@ -219,7 +219,7 @@ class Sandbox:
                     raise ProgramFailed(errors.InternalError("The program's stored state is not a suspension."))
                 return await self._stretch(await snapshot.resume(settled), printed)
         except MontyError as exc:
-            raise _translated(exc, self.limits) from None
+            raise _translated(exc, self.limits, code) from None
 
     async def _stretch(self, snapshot: AsyncSnapshot, printed: _Printed) -> Suspended | Finished:
         """Answer what the sandbox asks until every task waits on a tool call, or the program ends."""
@@ -267,18 +267,19 @@ def _plain(value: Any, limits: Limits) -> Any:
     return value
 
 
-def _translated(exc: MontyError, limits: Limits) -> ProgramFailed:
+def _translated(exc: MontyError, limits: Limits, code: str) -> ProgramFailed:
     """Monty's error as the program's failure: what the program did wrong (65, 70), a limit (75), or a
     tool call that failed and was not caught (the call's own exit code)."""
     if isinstance(exc, MontyCrashedError):
         text = f"The sandbox running the program was lost ({exc}); it used more than its limits allow."
         return ProgramFailed(LimitReached(text))
     if isinstance(exc, MontySyntaxError):
-        return ProgramFailed(errors.InvalidArguments(f"The program does not parse: {exc.display('msg')}."), _line(exc))
+        text = f"The program does not parse: {exc.display('msg')}."
+        return ProgramFailed(errors.InvalidArguments(text), _line(exc, code))
     if not isinstance(exc, MontyRuntimeError):
         return ProgramFailed(errors.InternalError(f"The sandbox refused the program: {exc}."))
     kind, _, message = exc.display("type-msg").partition(": ")
-    line = _line(exc)
+    line = _line(exc, code)
     limit = _limit_of(kind, message, limits)
     if limit is not None:
         return ProgramFailed(LimitReached(limit), line)
@@ -320,7 +321,12 @@ def _tool_failure(text: str) -> errors.ToolError:
     return error
 
 
-def _line(exc: MontySyntaxError | MontyRuntimeError) -> int | None:
-    """The line of the program where it failed: the outermost frame (the prelude is entered from it)."""
-    frames = exc.traceback()
-    return frames[0].line if frames else None
+def _line(exc: MontySyntaxError | MontyRuntimeError, code: str) -> int | None:
+    """The line of the program where it failed: the innermost frame whose text is the program's (the
+    prelude's frames carry the same script name)."""
+    lines = code.splitlines()
+    for frame in reversed(exc.traceback()):
+        text = frame.source_line
+        if 0 < frame.line <= len(lines) and (text is None or text.strip() == lines[frame.line - 1].strip()):
+            return frame.line
+    return None

@@ -125,7 +125,7 @@ class Programs:
             return None
         answers = {monty_id: runs.answer_of(envelopes[child] or {}) for monty_id, child in run.pending.items()}
         run.calls += [runs.call_line(envelopes[c] or {}) for c in sorted(run.pending.values(), key=_seq_of)]
-        return await self.sandbox.resume(run.snapshot, answers)
+        return await self.sandbox.resume(run.snapshot, answers, _code(run.call))
 
     async def _envelopes(self, call_ids: list[str]) -> dict[str, dict[str, Any] | None]:
         values = await self.client.mget([RESULT_KEY_PREFIX + c for c in call_ids]) if call_ids else []
