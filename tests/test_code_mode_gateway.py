@@ -8,6 +8,8 @@ import ast
 import json
 import shutil
 import subprocess
+import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway, text_of, wait_listening
 from tests.support.openapi_gen import write_spec
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
+from tests.support.waiting import wait_until
 from worker.definitions import file_store
 from worker.definitions.signatures import signature
 from worker.dev.embedded import EmbeddedRedis
@@ -211,3 +214,25 @@ def test_run_code_as_a_task(code_stack: CodeStack, kind: str) -> None:
     texts = result["texts"] if kind == "fastmcp4" else [c["text"] for c in result["content"]]
     assert result["isError"] is False, result
     assert texts == ["true", "The program printed:\nslept\n"]
+
+
+def test_cancelling_a_program_withdraws_its_calls_not_started(code_stack: CodeStack) -> None:
+    """DELETE /v1/calls/{callId} of a waiting program: it is answered 75, its calls still queued never run."""
+    marker = uuid.uuid4().hex[:8]
+    code = f"import asyncio\nawait asyncio.gather(*[tools.slow_item(delay=3, tag='{marker}') for i in range(30)])"
+    started = httpx2.post(
+        code_stack.gateway.url + "/v1/code", json={"code": code, "waitSeconds": 0}, headers=auth(FULL_TOKEN), timeout=60
+    )
+    assert started.status_code == 202, started.text
+    call_id = started.json()["callId"]
+    wait_until(
+        lambda: code_stack.upstream.hits_to(f"/slow?delay=3&tag={marker}") > 0, timeout_s=30, what="the first calls"
+    )
+    cancelled = httpx2.delete(f"{code_stack.gateway.url}/v1/calls/{call_id}", headers=auth(FULL_TOKEN), timeout=30)
+    assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True, cancelled.text
+    answer = httpx2.get(
+        f"{code_stack.gateway.url}/v1/calls/{call_id}", params={"waitSeconds": 30}, headers=auth(FULL_TOKEN), timeout=60
+    ).json()
+    assert (answer["exitCode"], answer["error"]["type"]) == (75, "program_cancelled")
+    time.sleep(4)  # the calls that had started end; none of the withdrawn ones starts after them
+    assert 0 < code_stack.upstream.hits_to(slow) < 30

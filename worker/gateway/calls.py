@@ -45,7 +45,7 @@ from worker.gateway.identity.audit import AuditTrail, Decision, Record, now_iso
 from worker.gateway.identity.delegation import Delegation, open_delegation
 from worker.gateway.identity.principals import LOCAL, Principal
 from worker.gateway.withdraw import withdraw
-from worker.queue import approvals
+from worker.queue import approvals, programs
 from worker.queue.publisher import Publisher
 from worker.settings import Settings
 
@@ -264,6 +264,17 @@ class Calls:
         if not await withdraw(self.client.redis_of(tenant), tool, call_id, tenant, routes=self._redis):
             return False
         await self._claims.release(call_id)
+        return True
+
+    async def cancel_program(self, call_id: str, tenant: str) -> bool:
+        """Cancel a program waiting for its tool calls (code mode): answered 75 by a worker, its calls not
+        started withdrawn; False when it is not a waiting program."""
+        redis = self.client.redis_of(tenant)
+        children = await programs.cancel(redis, call_id)
+        if children is None:
+            return False
+        for child, tool in children.items():
+            await withdraw(redis, tool, child, tenant, routes=self._redis)
         return True
 
     async def _claim(self, call_id: str, spec: CallSpec) -> bool:

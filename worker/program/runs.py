@@ -7,9 +7,10 @@
                                        one line per answered child); kept for the result TTL
 
 States: (none) -> waiting (suspended; its children were sent in the same transaction) -> queued (every
-child it waits for answered; its message is back on the queue) -> waiting ... A worker lost while running
-a stretch leaves the state as it was: the message comes back and the stretch runs again from the stored
-snapshot, making the same calls with the same callIds, none of them sent yet.
+child it waits for answered; its message is back on the queue) -> waiting ... A waiting program can be
+cancelled: its message goes back on the queue to be answered, its children not started are withdrawn.
+A worker lost while running a stretch leaves the state as it was: the message comes back and the stretch
+runs again from the stored snapshot, making the same calls with the same callIds, none of them sent yet.
 
 A child's callId is `<runId>~<n>`, n counting the run's calls from 0: the same program resumed from the
 same state names its calls the same, on any worker.
@@ -28,7 +29,7 @@ from worker.protocol import ToolCall
 
 RUN_KEY_PREFIX = "toolworker:program:"
 CHILD_MARK = "~"
-WAITING, QUEUED = "waiting", "queued"
+WAITING, QUEUED, CANCELLED = "waiting", "queued", "cancelled"
 
 
 def run_key(run_id: str) -> str:
@@ -56,6 +57,8 @@ class Run:
     tools: list[str] = field(default_factory=list)
     snapshot: bytes = b""
     pending: dict[int, str] = field(default_factory=dict)
+    # The tool of each pending child, by callId (a cancel withdraws those not started from their queue).
+    tools_of: dict[str, str] = field(default_factory=dict)
     seq: int = 0
     output: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -74,6 +77,7 @@ class Run:
             tools=json.loads(text.get("tools") or b"[]"),
             snapshot=text.get("snapshot", b""),
             pending={int(k): v for k, v in json.loads(text.get("pending") or b"{}").items()},
+            tools_of=json.loads(text.get("toolsOf") or b"{}"),
             seq=int(text.get("seq") or 0),
             output=(text.get("output") or b"").decode(),
             calls=json.loads(text.get("calls") or b"[]"),
@@ -88,6 +92,7 @@ class Run:
             "tools": json.dumps(self.tools),
             "snapshot": self.snapshot,
             "pending": json.dumps({str(k): v for k, v in self.pending.items()}),
+            "toolsOf": json.dumps(self.tools_of),
             "seq": self.seq,
             "output": self.output,
             "calls": json.dumps(self.calls, ensure_ascii=False),

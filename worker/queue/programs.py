@@ -26,7 +26,7 @@ from worker.call.runtime import Runtime
 from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, PROGRAM_TOOL, RESULT_KEY_PREFIX
 from worker.envelope import ToolResult
 from worker.program import runs
-from worker.program.runs import QUEUED, WAITING, Run
+from worker.program.runs import CANCELLED, QUEUED, WAITING, Run
 from worker.program.sandbox import Finished, LimitReached, ProgramFailed, Sandbox, Suspended
 from worker.protocol import ToolCall, envelope_from_meta, task_message
 from worker.queue import scheduler
@@ -59,6 +59,9 @@ class Programs:
         if run.state == WAITING:  # a message delivered again after it was parked: its children wake it
             await self.wake(run.run_id)
             return PARKED_NOW
+        if run.state == CANCELLED:
+            error = ProgramCancelled("The program was cancelled while its tool calls ran; it was not resumed.")
+            return ToolResult.failure(call.call_id, PROGRAM_TOOL, error, output=run.output, calls=run.calls)
         try:
             outcome = await self._stretch(run)
             if outcome is None:
@@ -87,11 +90,7 @@ class Programs:
                 if run is None or run.state != WAITING or not await self._all_answered(pipe, run):
                     return
                 pipe.multi()  # type: ignore[no-untyped-call]  # redis-py's pipeline leaves it untyped
-                pipe.hset(key, "state", QUEUED)
-                message = task_message(run_id, [run.call], DEFAULT_QUEUE)
-                source = scheduler.tenant_list(DEFAULT_QUEUE, run.call.get("tenant") or DEFAULT_TENANT)
-                pipe.lpush(source, message)
-                scheduler.requeued(pipe, source, message.encode(), in_flight=False)
+                _requeue(pipe, run, QUEUED)
                 await pipe.execute()
             except aioredis.WatchError:  # another answer woke it meanwhile
                 return
@@ -145,10 +144,11 @@ class Programs:
             raise ProgramFailed(LimitReached(text))
         deadline = runs.deadline_of(call, run.started, self.timeout_s)
         by_queue: dict[str, list[str]] = defaultdict(list)
-        run.pending = {}
+        run.pending, run.tools_of = {}, {}
         for request in suspended.requests:
             child = runs.child_id(run.run_id, run.seq)
             run.seq, run.pending[request.monty_id] = run.seq + 1, child
+            run.tools_of[child] = request.tool
             message = runs.child_call(call, child, request, deadline)
             queue = self._queue_of(request.tool)
             by_queue[queue].append(task_message(child, [message], queue))
@@ -184,6 +184,41 @@ class Programs:
             error = errors.TenantQueueFull(tenant, limit)
             await self.publisher.publish_one(ToolResult.failure(child["callId"], child["tool"], error), None)
             await self.answered(child["callId"])
+
+
+class ProgramCancelled(errors.DeadlineExceeded):
+    """A program cancelled while it waited for its tool calls (75)."""
+
+    type = "program_cancelled"
+
+
+async def cancel(client: aioredis.Redis, run_id: str) -> dict[str, str] | None:
+    """Cancel a waiting program: marked cancelled, its message back on the queue (a worker answers it);
+    the children it waited for, callId -> tool, for the caller to withdraw those not started. None when
+    it is not waiting (not a program, queued, running, or over)."""
+    key = runs.run_key(run_id)
+    async with client.pipeline(transaction=True) as pipe:
+        try:
+            await pipe.watch(key)
+            run = Run.parsed(run_id, await pipe.hgetall(key))
+            if run is None or run.state != WAITING:
+                return None
+            pipe.multi()  # type: ignore[no-untyped-call]  # redis-py's pipeline leaves it untyped
+            _requeue(pipe, run, CANCELLED)
+            await pipe.execute()
+        except aioredis.WatchError:  # woken meanwhile: it runs on
+            return None
+    log.info("program.cancelled", callId=run_id, children=len(run.tools_of))
+    return run.tools_of
+
+
+def _requeue(pipe: Any, run: Run, state: str) -> None:
+    """In a transaction: the run's new state, and its message back on its tenant's queue."""
+    pipe.hset(runs.run_key(run.run_id), "state", state)
+    message = task_message(run.run_id, [run.call], DEFAULT_QUEUE)
+    source = scheduler.tenant_list(DEFAULT_QUEUE, run.call.get("tenant") or DEFAULT_TENANT)
+    pipe.lpush(source, message)
+    scheduler.requeued(pipe, source, message.encode(), in_flight=False)
 
 
 def _code(call: dict[str, Any]) -> str:

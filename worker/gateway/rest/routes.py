@@ -226,6 +226,8 @@ class Rest:
         if tool is not None and await self.calls.withdraw(call_id, tool, principal.tenant):
             metrics.WITHDRAWN.inc()
             return JSONResponse({"callId": call_id, "withdrawn": True})
+        if tool == PROGRAM_TOOL and await self.calls.cancel_program(call_id, principal.tenant):
+            return JSONResponse({"callId": call_id, "cancelled": True})  # answered 75; its waiting calls withdrawn
         return error(409, "already_started", "The call was taken by a worker already; it runs to its end.")
 
     async def create_batch(self, request: Request) -> Response:
