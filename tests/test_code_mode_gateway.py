@@ -225,9 +225,8 @@ def test_cancelling_a_program_withdraws_its_calls_not_started(code_stack: CodeSt
     )
     assert started.status_code == 202, started.text
     call_id = started.json()["callId"]
-    wait_until(
-        lambda: code_stack.upstream.hits_to(f"/slow?delay=3&tag={marker}") > 0, timeout_s=30, what="the first calls"
-    )
+    slow = f"/slow?delay=3&tag={marker}"
+    wait_until(lambda: code_stack.upstream.hits_to(slow) > 0, timeout_s=30, what="the first calls")
     cancelled = httpx2.delete(f"{code_stack.gateway.url}/v1/calls/{call_id}", headers=auth(FULL_TOKEN), timeout=30)
     assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True, cancelled.text
     answer = httpx2.get(
