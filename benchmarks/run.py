@@ -320,7 +320,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="calls per acall_many; default 50")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     for section in SECTIONS:
-        parser.add_argument(f"--{section.name}-only", action="store_true", help=section.only)
+        # `code_mode` is `--code-mode-only` (argparse makes its dest code_mode_only again)
+        parser.add_argument(f"--{section.name.replace('_', '-')}-only", action="store_true", help=section.only)
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument(
         "--tenants-reference-tree",

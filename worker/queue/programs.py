@@ -83,14 +83,16 @@ class Programs:
         """Put a waiting program back on the queue once every call it waits for is answered (once: the
         transaction that pushes it marks it queued)."""
         key = runs.run_key(run_id)
+        if await _answered_call(self.client, key) is None:  # most answers: the others still run
+            return
         async with self.client.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(key)
-                run = Run.parsed(run_id, await pipe.hgetall(key))
-                if run is None or run.state != WAITING or not await self._all_answered(pipe, run):
+                call = await _answered_call(pipe, key)
+                if call is None:
                     return
                 pipe.multi()  # type: ignore[no-untyped-call]  # redis-py's pipeline leaves it untyped
-                _requeue(pipe, run, QUEUED)
+                _requeue(pipe, Run(run_id, call=call), QUEUED)
                 await pipe.execute()
             except aioredis.WatchError:  # another answer woke it meanwhile
                 return
@@ -129,10 +131,6 @@ class Programs:
     async def _envelopes(self, call_ids: list[str]) -> dict[str, dict[str, Any] | None]:
         values = await self.client.mget([RESULT_KEY_PREFIX + c for c in call_ids]) if call_ids else []
         return {c: envelope_from_meta(v) if v else None for c, v in zip(call_ids, values, strict=True)}
-
-    async def _all_answered(self, pipe: Any, run: Run) -> bool:
-        values = await pipe.mget([RESULT_KEY_PREFIX + c for c in run.pending.values()])
-        return all(values)
 
     async def _park(self, call: ToolCall, run: Run, suspended: Suspended) -> Literal["parked"]:
         """Store the state and send its calls, in one transaction; the program then holds nothing."""
@@ -210,6 +208,17 @@ async def cancel(client: aioredis.Redis, run_id: str) -> dict[str, str] | None:
             return None
     log.info("program.cancelled", callId=run_id, children=len(run.tools_of))
     return run.tools_of
+
+
+async def _answered_call(client: Any, key: str) -> dict[str, Any] | None:
+    """The call of a waiting program whose every awaited call is answered; None otherwise. Reads the
+    state, the callIds and the call only (not the snapshot), and counts the answers without reading them."""
+    state, pending, call = await client.hmget(key, ["state", "pending", "call"])
+    if state is None or state.decode() != WAITING:
+        return None
+    children = list(json.loads(pending or b"{}").values())
+    answered = await client.exists(*[RESULT_KEY_PREFIX + c for c in children]) if children else 0
+    return dict(json.loads(call)) if answered == len(children) else None
 
 
 def _requeue(pipe: Any, run: Run, state: str) -> None:
