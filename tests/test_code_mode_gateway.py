@@ -45,6 +45,8 @@ GENERATIONS = ("legacy", "auto")
 class CodeStack:
     gateway: Gateway
     upstream: UpstreamState
+    env: dict[str, str]
+    directory: Path
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def code_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactory) 
         env = gateway_env(server.url, definitions, TOOLWORKER_GATEWAY_MODE="code", **extra)
         gateway = start_gateway(env, directory / "gateway.log")
         wait_listening(gateway, ready=True)
-        yield CodeStack(gateway, state)
+        yield CodeStack(gateway, state, env, directory)
     finally:
         if gateway is not None:
             gateway.stop()
@@ -235,3 +237,28 @@ def test_cancelling_a_program_withdraws_its_calls_not_started(code_stack: CodeSt
     assert (answer["exitCode"], answer["error"]["type"]) == (75, "program_cancelled")
     time.sleep(4)  # the calls that had started end; none of the withdrawn ones starts after them
     assert 0 < code_stack.upstream.hits_to(slow) < 30
+
+
+@pytest.mark.parametrize(("mode", "code_mode", "offered"), [("discovery", "on", True), ("all", "off", False)])
+async def test_run_code_beside_the_tools_when_code_mode_is_on(
+    code_stack: CodeStack, mode: str, code_mode: str, offered: bool
+) -> None:
+    """TOOLWORKER_CODE_MODE=on offers run_code in discovery (and all) mode; off, it is no tool there."""
+    env = {**code_stack.env, "TOOLWORKER_GATEWAY_MODE": mode, "TOOLWORKER_CODE_MODE": code_mode}
+    gateway = start_gateway(env, code_stack.directory / f"gateway-{mode}.log")
+    try:
+        wait_listening(gateway, ready=True)
+        other = CodeStack(gateway, code_stack.upstream, env, code_stack.directory)
+        async with client_of(other, "auto") as client:
+            names = {tool.name for tool in (await client.list_tools(cursor=None)).tools}
+            result = await client.call_tool("run_code", {"code": "6 * 7"}) if offered else None
+        rest = httpx2.post(gateway.url + "/v1/code", json={"code": "6 * 7"}, headers=auth(FULL_TOKEN), timeout=60)
+    finally:
+        gateway.stop()
+    assert rest.status_code == (200 if offered else 404), rest.text
+    if offered:
+        assert "run_code" in names
+    if mode == "discovery":
+        assert {"list_tools", "search_tools", "get_tool_schema", "call_tool"} <= names
+    if result is not None:
+        assert result.is_error is False and text_of(result) == "42"
