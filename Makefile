@@ -109,11 +109,20 @@ browser: $(CHROMIUM)
 $(CHROMIUM):
 	apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 
-test: install lint check-deploy docs $(OIDC_PROVIDER) $(CHROMIUM) task-clients
-	$(BIN)/pytest
+# The suite over TEST_PROCESSES processes (pytest-xdist): most integration tests wait on the processes they
+# start, so more processes than cores keep both cores busy. The tests that share a module's stack go to one
+# process, slow modules first (tests/support/distribution.py); `make test TEST_PROCESSES=0` runs in one.
+TEST_PROCESSES ?= 4
+XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder)
 
+# The checks first, side by side (each output kept whole); the suite only once all of them pass.
+test: install $(OIDC_PROVIDER) $(CHROMIUM) task-clients
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint check-deploy docs
+	$(BIN)/pytest $(XDIST)
+
+# The unit tests alone (no process started: tests/support/processes.py fails one that starts any).
 test-fast: install
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -m "not integration" $(XDIST)
 
 bench: install
 	$(BIN)/python -m benchmarks.run

@@ -234,6 +234,7 @@ def test_getting_started_python_call(demo_stack: str) -> None:
     assert run_snippet(block, demo_stack).splitlines() == ["0"]
 
 
+@pytest.mark.integration
 def test_documented_commands_exist() -> None:
     """Every `toolworker` subcommand the docs show is one, and answers --help."""
     text = docs_text()
@@ -310,6 +311,7 @@ def test_rest_and_cli_references_cover_the_code() -> None:
     assert "usage: toolworker call" in cli
 
 
+@pytest.mark.integration  # a definitions block runs `toolworker validate`
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in blocks_of("yaml", "yml")])
 def test_yaml_examples_are_valid(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every yaml block of the docs is a definitions file `toolworker validate` accepts, or a valid access file."""

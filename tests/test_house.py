@@ -15,7 +15,6 @@ LIMITS = {"class": 250, "function": 80}
 STILL_OVER = {
     "worker/queue/broker.py:Channel",
     "worker/gateway/console/pages.py:Console",
-    "worker/gateway/rest/document.py:_paths",
 }
 
 

@@ -1,5 +1,5 @@
-"""An operator's commands: the audit trail, dead letters, approvals and end users' connections; each action
-taken is written to the audit trail as `cli:<user>`."""
+"""An operator's commands: the audit trail, dead letters, approvals and end users' connections; a dead letter
+replayed or purged and a decision on a parked call go to the audit trail as `cli:<user>`."""
 
 from __future__ import annotations
 

@@ -36,8 +36,7 @@ from worker.gateway.calls import Calls
 from worker.gateway.identity.delegation import Delegation, open_delegation
 from worker.gateway.identity.principals import principal_of
 from worker.gateway.rest.bodies import BadBody
-from worker.gateway.rest.models import CallbackQuery, Error, Removed, TicketQuery
-from worker.gateway.rest.models import Connections as ConnectionList
+from worker.gateway.rest.models import CallbackQuery, ConnectionList, Error, Removed, TicketQuery
 from worker.gateway.rest.operations import Answer, Operation, error, served
 from worker.gateway.rest.routes import ERRORS
 from worker.settings import Settings
@@ -80,11 +79,12 @@ class Connections:
         return JSONResponse({"connections": [c.to_dict() for c in found]})
 
     async def revoke(self, request: Request, upstream: UpstreamName) -> Response:
-        user, name = principal_of(request.scope).name, upstream
-        revoked = await self.delegation.revoke(user, self._upstream(name), name) if self.delegation.enabled else None
+        user = principal_of(request.scope).name
+        enabled = self.delegation.enabled
+        revoked = await self.delegation.revoke(user, self._upstream(upstream), upstream) if enabled else None
         if revoked is None:
-            return error(404, "unknown_connection", f"There is no connection to {name!r} for {user!r}.")
-        return JSONResponse({"upstream": name, "removed": True, "revokedAtServer": revoked})
+            return error(404, "unknown_connection", f"There is no connection to {upstream!r} for {user!r}.")
+        return JSONResponse({"upstream": upstream, "removed": True, "revokedAtServer": revoked})
 
     async def authorize(
         self, request: Request, upstream: UpstreamName, query: Annotated[TicketQuery, Query()]

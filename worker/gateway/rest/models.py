@@ -150,13 +150,13 @@ class Described(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class Problem(Described):
+class ErrorDetail(Described):
     type: str
     message: str
 
 
 class Error(Described):
-    error: Problem
+    error: ErrorDetail
 
 
 class Envelope(Described):
@@ -171,7 +171,7 @@ class Envelope(Described):
     statusCode: int | None = None
     contentType: str | None = None
     result: str = Field(description="What the model reads.")
-    error: Problem | None = None
+    error: ErrorDetail | None = None
     exitCode: int
     truncated: bool = False
     attempts: int = 0
@@ -260,7 +260,7 @@ class Connection(Described):
     expiresAt: AwareDatetime | None = None
 
 
-class Connections(Described):
+class ConnectionList(Described):
     connections: list[Connection]
 
 
