@@ -91,7 +91,7 @@ class Programs:
                 call = await _answered_call(pipe, key)
                 if call is None:
                     return
-                pipe.multi()  # type: ignore[no-untyped-call]  # redis-py's pipeline leaves it untyped
+                pipe.multi()
                 _requeue(pipe, Run(run_id, call=call), QUEUED)
                 await pipe.execute()
             except aioredis.WatchError:  # another answer woke it meanwhile
@@ -201,7 +201,7 @@ async def cancel(client: aioredis.Redis, run_id: str) -> dict[str, str] | None:
             run = Run.parsed(run_id, await pipe.hgetall(key))
             if run is None or run.state != WAITING:
                 return None
-            pipe.multi()  # type: ignore[no-untyped-call]  # redis-py's pipeline leaves it untyped
+            pipe.multi()
             _requeue(pipe, run, CANCELLED)
             await pipe.execute()
         except aioredis.WatchError:  # woken meanwhile: it runs on
