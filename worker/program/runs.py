@@ -120,12 +120,15 @@ def child_call(parent: ToolCall, call_id: str, request: ToolRequest, deadline: d
 
 
 def deadline_of(parent: ToolCall, started: float, timeout_s: float) -> datetime:
-    """When the program must have answered: its own deadline, or its start plus the wall-time limit."""
-    limit = datetime.fromtimestamp(started, UTC) + timedelta(seconds=timeout_s)
-    if parent.deadline is None:
-        return limit
-    own = parent.deadline if parent.deadline.tzinfo else parent.deadline.replace(tzinfo=UTC)
-    return min(own, limit)
+    """When the program must have answered: the earliest of its own deadline, its start plus its own
+    timeoutSeconds, and its start plus the wall-time limit (TOOLWORKER_CODE_TIMEOUT_SECONDS)."""
+    start = datetime.fromtimestamp(started, UTC)
+    limits = [start + timedelta(seconds=timeout_s)]
+    if parent.timeout_s is not None:
+        limits.append(start + timedelta(seconds=parent.timeout_s))
+    if parent.deadline is not None:
+        limits.append(parent.deadline if parent.deadline.tzinfo else parent.deadline.replace(tzinfo=UTC))
+    return min(limits)
 
 
 def answer_of(envelope: Mapping[str, Any]) -> dict[str, Any]:
