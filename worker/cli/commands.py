@@ -257,6 +257,16 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "top",
+        "the fleet live: calls/s, p50/p99, oldest waiting age per queue and tenant",
+        fleet.top,
+        (
+            arg("--interval", type=float, default=2.0, metavar="S", help="seconds between frames (default 2)"),
+            arg("--once", action="store_true", help="print one frame and exit"),
+            arg("--format", choices=["table", "json"], default="table", help="json: with --once"),
+        ),
+    ),
+    Command(
         "shards",
         "the shards of TOOLWORKER_REDIS_SHARDS, or the one a tenant lives on",
         fleet.shards,
