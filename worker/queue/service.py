@@ -163,7 +163,6 @@ class Service:
                 await self._publish(result, reply_to, call.callback.url if call.callback else None)
         return result
 
-<<<<<<< HEAD
     async def _woken(self, call_ids: set[str]) -> None:
         """A program waiting for one of these calls may go on (programs.py)."""
         if self.programs is None:
@@ -171,11 +170,10 @@ class Service:
         for call_id in call_ids:
             if CHILD_MARK in call_id:
                 await self.programs.answered(call_id)
-=======
+
     def _queue_of(self, upstream: str | None) -> str:
         found = self.runtime.toolset.upstreams.get(upstream) if upstream is not None else None
         return found.queue if found is not None and found.queue else DEFAULT_QUEUE
->>>>>>> main
 
     async def switch(self, version: int, toolset: ToolSet) -> None:
         """Serve a newly published definitions version from the next call on."""
