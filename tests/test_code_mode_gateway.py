@@ -262,3 +262,23 @@ async def test_run_code_beside_the_tools_when_code_mode_is_on(
         assert {"list_tools", "search_tools", "get_tool_schema", "call_tool"} <= names
     if result is not None:
         assert result.is_error is False and text_of(result) == "42"
+
+
+@pytest.mark.parametrize("kind", ["fastmcp4", "mcp1"])
+def test_cancelling_a_program_task_withdraws_its_calls(code_stack: CodeStack, kind: str) -> None:
+    """tasks/cancel of a program waiting for its calls: the task is cancelled, its calls still queued never run
+    (40 calls of 5 s, 8 at a time: most are queued when the cancel comes, a new client process later)."""
+    subprocess.run(["make", "-s", "task-clients"], cwd=ROOT, check=True, capture_output=True, timeout=900)
+    marker = uuid.uuid4().hex[:8]
+    code = f"import asyncio\nawait asyncio.gather(*[tools.slow_item(delay=5, tag='{marker}') for i in range(40)])"
+    started = task_step(kind, code_stack, "start", tool="run_code", arguments={"code": code})
+    created = started["created"]
+    task_id = created["taskId"] if kind == "fastmcp4" else created["task"]["taskId"]
+    slow = f"/slow?delay=5&tag={marker}"
+    wait_until(lambda: code_stack.upstream.hits_to(slow) > 0, timeout_s=30, what="the first calls")
+    cancelled = task_step(kind, code_stack, "cancel", tool="run_code", created=created, taskId=task_id)
+    assert "error" not in cancelled, cancelled
+    task = cancelled["status"] if kind == "fastmcp4" else cancelled["task"]
+    assert task["status"] == "cancelled", task
+    time.sleep(6)  # the calls that had started end; none of the withdrawn ones starts after them
+    assert 0 < code_stack.upstream.hits_to(slow) < 40
