@@ -33,6 +33,7 @@ from benchmarks import (
     cost,
     gateway,
     identity,
+    mcp_upstream,
     memory,
     pipeline,
     replicas,
@@ -192,6 +193,14 @@ SECTIONS = (
         lambda server, sizes, args: code_mode.run(server.url, args.quick),
         code_mode.print_section,
         code_mode.targets,
+    ),
+    Section(
+        "mcp",
+        "mcp upstream: through the fleet against a direct SDK session",
+        "only the MCP upstream's rows (a minute)",
+        lambda server, sizes, args: mcp_upstream.run(server.url, sizes.light_calls * 5, _rounds(args)),
+        mcp_upstream.print_section,
+        mcp_upstream.targets,
     ),
     Section(
         "webhooks",

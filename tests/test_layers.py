@@ -20,11 +20,11 @@ LAYERS: list[frozenset[str]] = [
     frozenset({"worker.__main__", "worker.cli", "worker.app", "worker.dev", "worker.top"}),
     frozenset({"worker.gateway"}),
     frozenset({"worker", "worker.client", "worker.watch"}),
-    frozenset({"worker.queue"}),
+    frozenset({"worker.queue", "worker.upstreams"}),
     # Code mode's sandbox bridge and runs, under the queue that parks and wakes programs (queue/programs.py).
     frozenset({"worker.program"}),
     frozenset({"worker.call"}),
-    frozenset({"worker.http"}),
+    frozenset({"worker.http", "worker.mcp_client"}),
     frozenset({"worker.definitions"}),
     frozenset(
         {
@@ -51,6 +51,7 @@ SEAMS = {
     ("worker.client", "worker.queue"),
     ("worker.client", "worker.call"),
     ("worker.http", "worker.definitions"),
+    ("worker.mcp_client", "worker.definitions"),
 }
 # The one module of queue/ the client uses: the tenant scheduler owns the tenant keys, and enqueuing for a
 # tenant runs its script, which keeps the list of tenants with work in step with their lists.
