@@ -54,6 +54,7 @@ from benchmarks import (
     tracing,
     vault,
     webhooks,
+    worker_cpu,
 )
 from benchmarks.pipeline import Meter, Sample
 from worker.constants import DEFAULT_MAX_RESPONSE_BYTES
@@ -317,6 +318,8 @@ def targets(results: dict[str, Any]) -> list[Target]:
         found += [Target(name, shown, met) for name, shown, met in tenants.targets(case)]
     if case := results.get("cost"):
         found += [Target(name, shown, met) for name, shown, met in cost.targets(case)]
+    if case := results.get("worker_cpu"):
+        found += [Target(name, shown, met) for name, shown, met in worker_cpu.targets(case)]
     if case := results.get("in_flight"):
         found.append(_rss_target(case, f"{MIN_IN_FLIGHT:,}+ calls in flight", MIN_IN_FLIGHT))
     if case := results.get("big_bodies"):
@@ -466,7 +469,7 @@ def print_memory(results: dict[str, Any]) -> None:
 def print_targets(found: list[Target]) -> None:
     print("\ntargets (ratios of the raw limit measured in this run)")
     for target in found:
-        print(f"  [{'met' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")
+        print(f"  [{'MET' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")
 
 
 # Results files
@@ -606,6 +609,12 @@ SECTIONS = (
         vault.print_section,
     ),
     Section("cost", "cost: commands, Redis and worker CPU per call; idle polling", _cost, cost.print_section),
+    Section(
+        "worker_cpu",
+        "worker CPU: a call against a raw aiohttp request",
+        lambda server, sizes, args: worker_cpu.run(server.url, args.quick),
+        worker_cpu.print_section,
+    ),
     Section("tenants", "tenants: the fair take against the take before tenants", _tenants, tenants.print_section),
     Section(
         "console",
@@ -674,6 +683,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shards-only", action="store_true", help="only the shards' rows (a few minutes)")
     parser.add_argument("--webhooks-only", action="store_true", help="only the webhook delivery rows")
     parser.add_argument("--cost-only", action="store_true", help="only the cost-per-call rows (a few minutes)")
+    parser.add_argument("--worker-cpu-only", action="store_true", help="only the worker CPU rows (a few minutes)")
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument("--tenants-only", action="store_true", help="only the tenants' rows (a few minutes)")
     parser.add_argument("--console-only", action="store_true", help="only the console's fleet page (a minute)")
