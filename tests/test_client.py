@@ -19,8 +19,8 @@ from worker.queue.scheduler import WAKE, tenant_list
 async def client() -> AsyncToolClient:
     """A client whose Redis is an in-process fake (nothing is listening at its URL)."""
     tool_client = AsyncToolClient("redis://127.0.0.1:9/0")
-    tool_client._home.redis = fakeredis.aioredis.FakeRedis()
-    tool_client._home.reader_redis = fakeredis.aioredis.FakeRedis()
+    tool_client.routing.home.redis = fakeredis.aioredis.FakeRedis()
+    tool_client.routing.home.reader_redis = fakeredis.aioredis.FakeRedis()
     return tool_client
 
 
@@ -29,16 +29,16 @@ async def test_a_timeout_the_workers_would_refuse_is_refused_at_once(client: Asy
     """A timeout the workers refuse (above a day, or not positive) raises before anything is enqueued."""
     with pytest.raises(ValueError, match="timeout"):
         await client.acall("anything", {}, timeout=timeout)
-    assert await client._home.redis.llen("toolcalls") == 0
+    assert await client.routing.home.redis.llen("toolcalls") == 0
     await client.aclose()
 
 
 async def test_a_failed_enqueue_leaves_nothing_waiting(client: AsyncToolClient) -> None:
     """Calls that could not be enqueued raise, and the client keeps no entry for them."""
-    client._home.redis = fakeredis.aioredis.FakeRedis(connected=False)
+    client.routing.home.redis = fakeredis.aioredis.FakeRedis(connected=False)
     with pytest.raises(RedisConnectionError):
         await client.submit_many([("a", {}), ("b", {})], timeout=5)
-    assert client._waiting == {}
+    assert client.replies.waiting == {}
     await client.aclose()
 
 
@@ -47,7 +47,7 @@ async def test_a_result_waited_for_in_vain_leaves_nothing_waiting(client: AsyncT
     [call_id] = await client.submit_many([("nobody_answers", {})], timeout=5)
     with pytest.raises(TimeoutError):
         await client.result(call_id, timeout=0.05)
-    assert client._waiting == {}
+    assert client.replies.waiting == {}
     await client.aclose()
 
 
@@ -56,19 +56,19 @@ async def test_a_tenant_the_workers_would_refuse_is_refused_at_once(client: Asyn
     """A tenant name outside the pattern raises before anything is enqueued."""
     with pytest.raises(ValueError, match="tenant"):
         await client.acall("anything", {}, tenant=tenant)
-    assert await client._home.redis.llen("toolcalls") == 0
+    assert await client.routing.home.redis.llen("toolcalls") == 0
     await client.aclose()
 
 
 async def test_the_call_names_its_tenant_and_principal_and_the_default_is_implicit() -> None:
     """A call for another tenant carries it (and a principal when named); the default tenant is left out."""
     tool_client = AsyncToolClient("redis://127.0.0.1:9/0", tenant="acme")
-    tool_client._home.redis = fakeredis.aioredis.FakeRedis()
-    tool_client._home.reader_redis = fakeredis.aioredis.FakeRedis()
+    tool_client.routing.home.redis = fakeredis.aioredis.FakeRedis()
+    tool_client.routing.home.reader_redis = fakeredis.aioredis.FakeRedis()
     await tool_client.submit_many([("a", {})], timeout=5)
     await tool_client.submit_many([("b", {})], timeout=5, tenant="default", principal="ci-bot")
-    raw = await tool_client._home.redis.lrange("toolcalls", 0, -1)
-    raw += await tool_client._home.redis.lrange(tenant_list("toolcalls", "acme"), 0, -1)  # a tenant's own list
+    raw = await tool_client.routing.home.redis.lrange("toolcalls", 0, -1)
+    raw += await tool_client.routing.home.redis.lrange(tenant_list("toolcalls", "acme"), 0, -1)  # a tenant's own list
     calls = [json.loads(json.loads(item)["body"])[0][0] for item in raw if item != WAKE.encode()]
     by_tool = {call["tool"]: call for call in calls}
     assert by_tool["a"]["tenant"] == "acme" and "principal" not in by_tool["a"]
@@ -95,3 +95,17 @@ def test_batches_are_cut_at_a_byte_budget_as_well_as_a_count() -> None:
     assert [len(batch) for batch in batches] == [2, 2, 2, 6]  # the small calls join the last big one
     assert [json.loads(m)["headers"]["task"] for m in task_messages(small[:1], "q", 100)] == ["toolcall.execute"]
     assert len(task_messages(small, "q", 2)) == 3  # the count still cuts
+
+
+async def test_the_async_client_closes_itself_at_the_end_of_an_async_with_block() -> None:
+    """`async with AsyncToolClient(...) as client:` gives the client, and leaving the block sends what was
+    submitted and stops reading replies, as `with ToolClient(...)` does."""
+    server = fakeredis.FakeServer()
+    async with AsyncToolClient("redis://127.0.0.1:9/0") as client:
+        client.routing.home.redis = fakeredis.aioredis.FakeRedis(server=server)
+        client.routing.home.reader_redis = fakeredis.aioredis.FakeRedis(server=server)
+        [call_id] = await client.submit_many([("a", {})], timeout=5)
+        reader = client.routing.home.reader
+    assert reader is not None and reader.done()
+    [raw] = await fakeredis.aioredis.FakeRedis(server=server).lrange("toolcalls", 0, -1)
+    assert json.loads(json.loads(raw)["body"])[0][0]["callId"] == call_id

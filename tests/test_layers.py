@@ -50,7 +50,7 @@ SEAMS = {
 }
 # The one module of queue/ the client uses: the tenant scheduler owns the tenant keys, and enqueuing for a
 # tenant runs its script, which keeps the list of tenants with work in step with their lists.
-ACROSS_SEAMS = {("worker.client", "worker.queue.scheduler")}
+ACROSS_SEAMS = {("worker.client.outbox", "worker.queue.scheduler")}
 # The vault's modules, which the gateway uses too: it stores what a user granted (the OAuth callback), makes
 # connect links (consent over MCP), and exchanges tokens at enqueue with the same client and directory of
 # authorization servers the workers refresh with. Nothing else of call/.

@@ -72,16 +72,16 @@ def test_publish_writes_the_tenant_limits(tmp_path: Path) -> None:
 async def test_the_client_batches_within_max_in_flight_and_refuses_over_max_queued() -> None:
     """A tenant's batches are no larger than its max_in_flight; over max_queued nothing is enqueued."""
     client = AsyncToolClient("redis://127.0.0.1:9/0", tenant="capped")
-    client._home.redis = fakeredis.aioredis.FakeRedis()
-    client._home.reader_redis = fakeredis.aioredis.FakeRedis()
-    await client._home.redis.hset(TENANT_LIMITS_KEY, mapping={"capped": "1 10 0", "small": "1 0 2"})
+    client.routing.home.redis = fakeredis.aioredis.FakeRedis()
+    client.routing.home.reader_redis = fakeredis.aioredis.FakeRedis()
+    await client.routing.home.redis.hset(TENANT_LIMITS_KEY, mapping={"capped": "1 10 0", "small": "1 0 2"})
     await client.submit_many([("a", {})] * 25, timeout=5)
-    raw = await client._home.redis.lrange(scheduler.tenant_list(DEFAULT_QUEUE, "capped"), 0, -1)
+    raw = await client.routing.home.redis.lrange(scheduler.tenant_list(DEFAULT_QUEUE, "capped"), 0, -1)
     assert sorted(scheduler.calls_in(m) for m in raw) == [5, 10, 10]
     with pytest.raises(TenantQueueFull, match="'small'") as raised:
         await client.submit_many([("a", {})] * 3, timeout=5, tenant="small")
-    assert raised.value.limit == 2 and len(client._waiting) == 25  # the refused calls are not awaited
-    assert await client._home.redis.llen(scheduler.tenant_list(DEFAULT_QUEUE, "small")) == 0
+    assert raised.value.limit == 2 and len(client.replies.waiting) == 25  # the refused calls are not awaited
+    assert await client.routing.home.redis.llen(scheduler.tenant_list(DEFAULT_QUEUE, "small")) == 0
     await client.aclose()
 
 
