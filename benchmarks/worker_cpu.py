@@ -12,6 +12,7 @@ process, from /proc) against raw aiohttp's CPU per request (this process's), and
 per call. The cases take turns, round after round; each figure is the median of its rounds.
 
     python -m benchmarks.worker_cpu [--quick]       # this section alone (run.py --worker-cpu-only too)
+    python -m benchmarks.worker_cpu --reference-tree DIR   # and a checkout's worker, in the same rounds
     python -m benchmarks.worker_cpu --profile DIR   # `make profile`: py-spy on the worker during bursts
 
 The profile: py-spy samples the worker (every thread, PROFILE_RATE_HZ, PROFILE_SECONDS) while bursts of
@@ -57,6 +58,8 @@ RAW = "raw aiohttp"
 SINGLE = "single (acall)"
 BATCHED = f"batched (acall_many x{BATCH})"
 CASES = (RAW, SINGLE, BATCHED)
+THIS = "this tree"
+REFERENCE = "reference"
 # The worker as it runs by default: its call.finished line per call, written to its log file.
 WORKER_ENV = {"TOOLWORKER_LOG_LEVEL": "INFO"}
 
@@ -74,25 +77,34 @@ PROFILE_TOP = 25
 # Measuring
 
 
-def run(redis_url: str, quick: bool = False) -> dict[str, Any]:
-    """Per upstream latency, every case once per round (in turns); the medians."""
+def run(redis_url: str, quick: bool = False, reference: Path | None = None) -> dict[str, Any]:
+    """Per upstream latency, round after round: each worker (this tree's, and the reference's when given)
+    started afresh and every case measured against it, in turns; the medians."""
     calls, rounds = (CALLS_QUICK, 1) if quick else (CALLS, ROUNDS)
+    trees = [(THIS, pipeline.ROOT)] + ([(REFERENCE, reference)] if reference is not None else [])
     results: dict[str, Any] = {"calls": calls, "rounds": rounds, "concurrency": CONCURRENCY, "cells": {}}
+    if reference is not None:
+        results["reference"] = str(reference)
     for latency_ms in LATENCIES_MS:
-        measured: dict[str, list[dict[str, float]]] = {}
-        with (
-            pipeline.upstream(latency_ms, KB) as upstream,
-            pipeline.toolworker(
-                redis_url, upstream.url, THREADS, pipeline.RAW_CONCURRENCY, extra_env=WORKER_ENV
-            ) as pid,
-        ):
+        measured: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name, _ in trees}
+        with pipeline.upstream(latency_ms, KB) as upstream:
             for number in range(rounds):
-                for case in CASES[number % 3 :] + CASES[: number % 3]:
-                    figures = _measure(case, redis_url, upstream.url, pid, calls)
-                    measured.setdefault(case, []).append(figures)
-                    print(f"  worker cpu: {latency_ms:g} ms: {case}: {figures}", file=sys.stderr, flush=True)
-        results["cells"][f"{latency_ms:g}"] = _medians(measured)
+                for name, tree in _turn(trees, number):
+                    with _worker(redis_url, upstream.url, tree) as pid:
+                        for case in _turn(list(CASES), number):
+                            figures = _measure(case, redis_url, upstream.url, pid, calls)
+                            measured[name].setdefault(case, []).append(figures)
+                            print(f"  worker cpu: {latency_ms:g} ms, {name}: {case}: {figures}", file=sys.stderr)
+        results["cells"][f"{latency_ms:g}"] = _medians(measured[THIS])
+        if reference is not None:
+            results.setdefault("reference_cells", {})[f"{latency_ms:g}"] = _medians(measured[REFERENCE])
     return results
+
+
+def _turn(items: list[Any], number: int) -> list[Any]:
+    """The items starting with the round's own: each goes first in turn."""
+    first = number % len(items)
+    return items[first:] + items[:first]
 
 
 def _measure(case: str, redis_url: str, upstream_url: str, pid: int, calls: int) -> dict[str, float]:
@@ -164,8 +176,9 @@ async def _timed(work: Awaitable[Any]) -> tuple[float, float, float]:
     return time.perf_counter() - started, 0.0, 0.0
 
 
-def _worker(redis_url: str, upstream_url: str) -> AbstractContextManager[int]:
-    return pipeline.toolworker(redis_url, upstream_url, THREADS, pipeline.RAW_CONCURRENCY, extra_env=WORKER_ENV)
+def _worker(redis_url: str, upstream_url: str, tree: Path = pipeline.ROOT) -> AbstractContextManager[int]:
+    env = WORKER_ENV
+    return pipeline.toolworker(redis_url, upstream_url, THREADS, pipeline.RAW_CONCURRENCY, extra_env=env, tree=tree)
 
 
 def _medians(measured: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -209,9 +222,16 @@ def print_section(results: dict[str, Any]) -> None:
         f"\nworker CPU per call: one worker process (-c {THREADS}, INFO logs), 1 KB bodies, {results['calls']} calls "
         f"a case, {results['concurrency']} under way; medians of {results['rounds']} rounds, ratios within the run"
     )
+    _print_cells(results["cells"])
+    if "reference_cells" in results:
+        print(f"  the reference worker ({results['reference']}), in the same rounds:")
+        _print_cells(results["reference_cells"])
+
+
+def _print_cells(cells: dict[str, dict[str, dict[str, float]]]) -> None:
     header = f"  {'upstream':<9} {'case':<28} {'calls/s':>8} {'% raw':>6} {'worker CPU ms':>14} {'x raw':>6}"
     print(header + f" {'client CPU ms':>14}")
-    for latency, cell in results["cells"].items():
+    for latency, cell in cells.items():
         for case, row in cell.items():
             worker = f"{row['worker_cpu_ms_per_call']:.3f}" if case != RAW else "-"
             times = f"{row['cpu_times_raw']:.2f}" if case != RAW else "-"
@@ -295,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one round of fewer calls")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="profile the worker instead, into DIR")
+    parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker is measured in the same rounds")
     args = parser.parse_args(argv)
     if args.profile is not None:
         profile(args.profile)
@@ -302,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedRedis(Path(tmp) / "redis").start()
         try:
-            results = run(server.url, args.quick)
+            results = run(server.url, args.quick, args.reference_tree)
         finally:
             server.stop()
     print_section(results)
