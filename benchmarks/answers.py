@@ -32,7 +32,15 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks import gateway, pipeline
+from benchmarks.harness import processes
+from benchmarks.harness.constants import (
+    CACHED_TOOL,
+    CALL_TIMEOUT_S,
+    RAW_CONCURRENCY,
+    TOOL,
+    UPSTREAM_BODY_BYTES,
+    UPSTREAM_LATENCY_MS,
+)
 from worker.call import shaping
 from worker.call.job import Answer, Job
 from worker.client import AsyncToolClient
@@ -41,8 +49,6 @@ from worker.definitions.templates import Template
 from worker.http.transport import PreparedRequest, Response
 from worker.protocol import ToolCall
 
-UPSTREAM_LATENCY_MS = 0.0
-UPSTREAM_BODY_BYTES = 1024
 SHAPING_SIZES = (1024, 64 * 1024)
 SHAPING_ROUNDS = 5
 Call = Callable[[int], Awaitable[None]]
@@ -50,12 +56,12 @@ Call = Callable[[int], Awaitable[None]]
 
 def run(redis_url: str, light_calls: int) -> dict[str, Any]:
     """The cache rows (one call at a time) and the structured output rows."""
-    gateway._flush(redis_url)
+    processes.flush(redis_url)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        pipeline.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream,
-        pipeline.toolworker(redis_url, upstream.url, 64, pipeline.RAW_CONCURRENCY),
-        gateway.gateway(redis_url, pipeline.definitions(Path(tmp) / "definitions", pipeline.RAW_CONCURRENCY)) as (
+        processes.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream,
+        processes.toolworker(redis_url, upstream.url, 64, RAW_CONCURRENCY),
+        processes.gateway(redis_url, processes.definitions(Path(tmp) / "definitions", RAW_CONCURRENCY)) as (
             url,
             _,
         ),
@@ -70,12 +76,12 @@ async def _cache_rows(redis_url: str, url: str, calls: int) -> list[dict[str, An
         async with aiohttp.ClientSession() as session:
             offset = 1_000_000  # arguments no other row used: every miss row's call is a miss
             cases: list[tuple[str, Call]] = [
-                ("direct, uncached tool", _direct(client, pipeline.TOOL, lambda i: i)),
-                ("direct, cache miss", _direct(client, pipeline.CACHED_TOOL, lambda i: offset + i)),
-                ("direct, cache hit", _direct(client, pipeline.CACHED_TOOL, lambda i: 7)),
-                ("gateway REST, uncached tool", _rest(session, url, pipeline.TOOL, lambda i: i)),
-                ("gateway REST, cache miss", _rest(session, url, pipeline.CACHED_TOOL, lambda i: 2 * offset + i)),
-                ("gateway REST, cache hit", _rest(session, url, pipeline.CACHED_TOOL, lambda i: 7)),
+                ("direct, uncached tool", _direct(client, TOOL, lambda i: i)),
+                ("direct, cache miss", _direct(client, CACHED_TOOL, lambda i: offset + i)),
+                ("direct, cache hit", _direct(client, CACHED_TOOL, lambda i: 7)),
+                ("gateway REST, uncached tool", _rest(session, url, TOOL, lambda i: i)),
+                ("gateway REST, cache miss", _rest(session, url, CACHED_TOOL, lambda i: 2 * offset + i)),
+                ("gateway REST, cache hit", _rest(session, url, CACHED_TOOL, lambda i: 7)),
             ]
             rows = await _interleaved(cases, calls)
     finally:
@@ -85,7 +91,7 @@ async def _cache_rows(redis_url: str, url: str, calls: int) -> list[dict[str, An
 
 def _direct(client: AsyncToolClient, tool: str, argument: Callable[[int], int]) -> Call:
     async def call(i: int) -> None:
-        result = await client.acall(tool, {"i": argument(i)}, timeout=pipeline.CALL_TIMEOUT_S)
+        result = await client.acall(tool, {"i": argument(i)}, timeout=CALL_TIMEOUT_S)
         if result.exit_code:
             raise RuntimeError(f"exit {result.exit_code}")
 
@@ -170,9 +176,7 @@ def print_section(results: dict[str, Any]) -> None:
 
 def main() -> None:
     """`python -m benchmarks.answers`: this section alone, on an embedded Redis."""
-    from benchmarks.run import embedded_redis
-
-    with embedded_redis() as server:
+    with processes.embedded_redis() as server:
         results = run(server.url, 200)
     print(f"answers benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print_section(results)

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks import pipeline
+from benchmarks.harness import processes
 from worker.dev.embedded import EmbeddedRedis
 from worker.logs import configure
 from worker.protocol import ToolCall
@@ -87,7 +87,7 @@ async def _rounds(service: Service, calls: int, rounds: int) -> dict[str, list[f
 
 def run(redis_url: str, calls: int, rounds: int) -> dict[str, Any]:
     configure("json", "WARNING")  # a log line per call would be most of what is measured
-    with tempfile.TemporaryDirectory() as tmp, pipeline.upstream(0.0, 1024) as upstream:
+    with tempfile.TemporaryDirectory() as tmp, processes.upstream(0.0, 1024) as upstream:
         os.environ["BENCH_UPSTREAM_URL"] = upstream.url
         settings = Settings(redis_url=redis_url, definitions=_definitions(Path(tmp)), metrics_port=0)
         service = build_service(settings)

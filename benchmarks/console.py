@@ -27,7 +27,7 @@ from typing import Any
 import httpx2
 import redis
 
-from benchmarks import gateway, pipeline
+from benchmarks.harness import processes
 from worker.client import AsyncToolClient
 from worker.dev.embedded import EmbeddedRedis
 from worker.queue.depth import queue_rows
@@ -62,8 +62,8 @@ def run(redis_url: str, requests: int = REQUESTS, tenants: int = TENANTS) -> dic
         subprocess.run([sys.executable, "-m", "worker", "publish"], env=env, check=True, capture_output=True)
         worker_argv = [sys.executable, "-m", "worker", "worker", "-n", "bench-console@%h"]
         with (
-            pipeline.process_group(worker_argv, env | {"TOOLWORKER_METRICS_PORT": "0"}, Path(tmp) / "worker.log"),
-            gateway.gateway(redis_url, definitions, TOOLWORKER_GATEWAY_TOKENS=TOKEN) as (url, _pid),
+            processes.process_group(worker_argv, env | {"TOOLWORKER_METRICS_PORT": "0"}, Path(tmp) / "worker.log"),
+            processes.gateway(redis_url, definitions, TOOLWORKER_GATEWAY_TOKENS=TOKEN) as (url, _pid),
         ):
             asyncio.run(_enqueue(redis_url, tenants))
             return _measure(url, redis_url, requests, tenants)

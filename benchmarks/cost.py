@@ -19,14 +19,13 @@ import asyncio
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import redis
-
-from benchmarks import pipeline
-from benchmarks.tenants import MANY_TENANTS, burst
+from benchmarks.harness import processes
+from benchmarks.harness.constants import MANY_TENANTS, RAW_CONCURRENCY
+from benchmarks.harness.figures import Target
+from benchmarks.harness.load import single_sequential, tenants_burst
+from benchmarks.harness.meter import Counters, Meter
 
 ONE = "one tenant"
 MANY = f"{MANY_TENANTS} tenants"
@@ -40,42 +39,14 @@ MAX_IDLE_COMMANDS_PER_S = 5.0
 MAX_LIGHT_COMMANDS = 10.0
 
 
-class Counters:
-    """The server's command count and main-thread CPU, read before and after a block."""
-
-    def __init__(self, redis_url: str) -> None:
-        self._client = redis.Redis.from_url(redis_url)
-
-    def read(self) -> tuple[int, float]:
-        """Commands run so far (the reading's own INFO commands included but the last), main-thread CPU s."""
-        stats: Any = self._client.info("commandstats")
-        commands = sum(int(v["calls"]) for v in stats.values())
-        cpu: Any = self._client.info("cpu")
-        main_s = float(cpu.get("used_cpu_sys_main_thread", 0.0)) + float(cpu.get("used_cpu_user_main_thread", 0.0))
-        return commands, main_s
-
-    @contextmanager
-    def during(self) -> Iterator[dict[str, float]]:
-        """Commands run and main-thread CPU seconds spent during the block (the readings' excluded)."""
-        commands_before, cpu_before = self.read()
-        counted: dict[str, float] = {}
-        yield counted
-        commands_after, cpu_after = self.read()
-        counted["commands"] = commands_after - commands_before - 2  # less the first reading's two INFO
-        counted["main_thread_s"] = cpu_after - cpu_before
-
-    def close(self) -> None:
-        self._client.close()
-
-
 def run(redis_url: str, calls: int, rounds: int, idle_s: float) -> dict[str, Any]:
     """Each shape once per round; the medians."""
     measured: dict[str, list[dict[str, float]]] = {}
     counters = Counters(redis_url)
     try:
         with (
-            pipeline.upstream(0.0, 1024) as upstream,
-            pipeline.toolworker(redis_url, upstream.url, 64, pipeline.RAW_CONCURRENCY) as pid,
+            processes.upstream(0.0, 1024) as upstream,
+            processes.toolworker(redis_url, upstream.url, 64, RAW_CONCURRENCY) as pid,
         ):
             for number in range(rounds):
                 shapes = [(ONE, ["default"]), (MANY, [f"t{i}" for i in range(MANY_TENANTS)])]
@@ -92,8 +63,8 @@ def run(redis_url: str, calls: int, rounds: int, idle_s: float) -> dict[str, Any
 
 
 def _burst_figures(redis_url: str, counters: Counters, pid: int, calls: int, tenants: list[str]) -> dict[str, float]:
-    with counters.during() as counted, pipeline.Meter(pid) as meter:
-        seconds = asyncio.run(burst(redis_url, calls, tenants))
+    with counters.during() as counted, Meter(pid) as meter:
+        seconds = asyncio.run(tenants_burst(redis_url, calls, tenants))
     main_us = counted["main_thread_s"] * 1e6 / calls
     return {
         "calls_per_s": calls / seconds,
@@ -106,7 +77,7 @@ def _burst_figures(redis_url: str, counters: Counters, pid: int, calls: int, ten
 
 def _light_figures(redis_url: str, counters: Counters) -> dict[str, float]:
     with counters.during() as counted:
-        sample = pipeline.single_sequential(redis_url, SEQUENTIAL_CALLS)
+        sample = single_sequential(redis_url, SEQUENTIAL_CALLS)
     return {
         "commands_per_call": counted["commands"] / SEQUENTIAL_CALLS,
         "p50_ms": statistics.median(sample.latencies_s) * 1000,
@@ -120,20 +91,29 @@ def _idle_figures(counters: Counters, idle_s: float) -> dict[str, float]:
     return {"commands_per_s": counted["commands"] / idle_s}
 
 
-def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+def targets(results: dict[str, Any]) -> list[Target]:
     one, many, light, idle = results[ONE], results[MANY], results["light"], results["idle"]
     share = many["calls_per_s"] / one["calls_per_s"]
-    return [
-        (f"commands per call <= {MAX_COMMANDS_ONE:g}, {ONE}", f"{one['commands_per_call']:.2f}",
-         one["commands_per_call"] <= MAX_COMMANDS_ONE),
-        (f"commands per call <= {MAX_COMMANDS_MANY:g}, {MANY}", f"{many['commands_per_call']:.2f}",
-         many["commands_per_call"] <= MAX_COMMANDS_MANY),
-        (f"a burst over {MANY} >= {MIN_MANY_SHARE:.0%} of {ONE}'s calls/s", f"{share:.0%}", share >= MIN_MANY_SHARE),
-        (f"idle worker <= {MAX_IDLE_COMMANDS_PER_S:g} commands/s", f"{idle['commands_per_s']:.1f}",
-         idle["commands_per_s"] <= MAX_IDLE_COMMANDS_PER_S),
-        (f"a call at light load <= {MAX_LIGHT_COMMANDS:g} commands", f"{light['commands_per_call']:.1f}",
-         light["commands_per_call"] <= MAX_LIGHT_COMMANDS),
-    ]  # fmt: skip
+    at_most = [
+        (f"commands per call <= {MAX_COMMANDS_ONE:g}, {ONE}", one["commands_per_call"], MAX_COMMANDS_ONE, ".2f"),
+        (f"commands per call <= {MAX_COMMANDS_MANY:g}, {MANY}", many["commands_per_call"], MAX_COMMANDS_MANY, ".2f"),
+        (
+            f"idle worker <= {MAX_IDLE_COMMANDS_PER_S:g} commands/s",
+            idle["commands_per_s"],
+            MAX_IDLE_COMMANDS_PER_S,
+            ".1f",
+        ),
+        (
+            f"a call at light load <= {MAX_LIGHT_COMMANDS:g} commands",
+            light["commands_per_call"],
+            MAX_LIGHT_COMMANDS,
+            ".1f",
+        ),
+    ]
+    found = [Target(name, format(value, shown), value <= limit) for name, value, limit, shown in at_most]
+    many_share = f"a burst over {MANY} >= {MIN_MANY_SHARE:.0%} of {ONE}'s calls/s"
+    found.insert(2, Target(many_share, f"{share:.0%}", share >= MIN_MANY_SHARE))
+    return found
 
 
 def print_section(results: dict[str, Any]) -> None:

@@ -30,12 +30,13 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from benchmarks import gateway, pipeline
-from benchmarks.gateway import CONCURRENCY
-from benchmarks.pipeline import Sample
+from benchmarks.harness import processes
+from benchmarks.harness.constants import CONCURRENCY, RAW_CONCURRENCY, UPSTREAM_BODY_BYTES, UPSTREAM_LATENCY_MS
+from benchmarks.harness.load import gateway_row, mcp, rest
+from benchmarks.harness.meter import Sample
 from worker.dev.embedded import EmbeddedRedis
-from worker.gateway.identity import OAuthSpec, static_tokens
-from worker.gateway.oauth import JwtVerifier
+from worker.gateway.identity.oauth import JwtVerifier
+from worker.gateway.identity.principals import OAuthSpec, static_tokens
 from worker.settings import Settings
 
 STATIC_TOKEN = "bench-static-token-0123456789abcdef"
@@ -99,15 +100,15 @@ def access_file(directory: Path, issuer_url: str) -> Path:
 
 def run(redis_url: str, calls: int, light_calls: int, rounds: int = 3) -> dict[str, Any]:
     """Each case with a static token and with an access token, against one worker and one gateway."""
-    gateway._flush(redis_url)
+    processes.flush(redis_url)
     with (
         tempfile.TemporaryDirectory() as tmp,
         issuer() as (issuer_url, key),
-        pipeline.upstream(gateway.UPSTREAM_LATENCY_MS, gateway.UPSTREAM_BODY_BYTES) as upstream,
-        pipeline.toolworker(redis_url, upstream.url, 64, pipeline.RAW_CONCURRENCY) as worker_pid,
-        gateway.gateway(
+        processes.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream,
+        processes.toolworker(redis_url, upstream.url, 64, RAW_CONCURRENCY) as worker_pid,
+        processes.gateway(
             redis_url,
-            pipeline.definitions(Path(tmp) / "definitions", pipeline.RAW_CONCURRENCY),
+            processes.definitions(Path(tmp) / "definitions", RAW_CONCURRENCY),
             TOOLWORKER_GATEWAY_ACCESS=str(access_file(Path(tmp), issuer_url)),
         ) as (url, pid),
     ):
@@ -120,9 +121,9 @@ def run(redis_url: str, calls: int, light_calls: int, rounds: int = 3) -> dict[s
         heavy, light = [], []
         for turn in range(rounds):
             heavy.append(
-                _round(cases, turn, lambda case, m: gateway._row(case, pid, worker_pid, m, calls, CONCURRENCY))
+                _round(cases, turn, lambda case, m: gateway_row(case, (pid, worker_pid), m, calls, CONCURRENCY))
             )
-            light.append(_round(cases, turn, lambda case, m: gateway._row(case, pid, worker_pid, m, light_calls, 1)))
+            light.append(_round(cases, turn, lambda case, m: gateway_row(case, (pid, worker_pid), m, light_calls, 1)))
     return {
         "check_us": check_costs(),
         "rounds": rounds,
@@ -185,8 +186,8 @@ def _medians(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _measure(case: str, url: str, auth: dict[str, str]) -> Measure:
     if case.startswith("REST"):
-        return lambda n, c: gateway._rest(url, n, c, auth)
-    return lambda n, c: gateway._mcp(url, n, c, auth)
+        return lambda n, c: rest(url, n, c, auth)
+    return lambda n, c: mcp(url, n, c, auth)
 
 
 def _against_static(rows: list[dict[str, Any]], figure: str) -> list[dict[str, Any]]:

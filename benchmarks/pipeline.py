@@ -1,303 +1,289 @@
-"""The pieces of the pipeline benchmark: the processes it starts and the measurements it takes.
+"""The matrix: toolworker against the raw aiohttp limit and a hand-written Celery baseline, per upstream.
 
-`benchmarks/run.py` puts them together (`make bench`); `python -m benchmarks.pipeline` is the same entry.
+For each upstream (a latency and a body size), a fresh upstream process and, side by side:
 
-Every measurement returns a `Sample`: how many calls, how long they took together, and for each call
-the time from its submission to its result as the client saw it. A burst submits every call at once
-and then collects, so its latencies include the wait in the queue; a sequential run sends one call at
-a time, so its latencies are the pipeline's own overhead.
+- raw aiohttp, 256 requests at a time: the limit every other figure is a ratio of;
+- toolworker single calls: `ToolClient.submit` for every call (one message each), then `.get()`;
+- toolworker single calls through `AsyncToolClient.acall` (one tick's calls leave as batch messages);
+- toolworker batched calls: `acall_many` in chunks;
+- the same with one worker process per core, sharing the upstream's 256 connections between them;
+- the baseline: a Celery task calling `requests` on the default prefork pool (harness/baseline.py).
+
+Latencies are per call, from its submission to its result, minus the upstream's configured latency:
+in a burst (every call submitted at once) they include the wait in the queue. Separately, at the first
+upstream: the added latency at light load (one call at a time).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import urllib.request
-from collections import Counter
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import aiohttp
 from celery.result import AsyncResult
 
-from worker.client import AsyncToolClient, ToolClient
-from worker.dev.embedded import free_port
-from worker.envelope import ToolResult
+from benchmarks.harness import processes
+from benchmarks.harness.baseline import fetch
+from benchmarks.harness.constants import CALL_TIMEOUT_S, CORES, KB, RAW_CONCURRENCY, TOOL, Sizes
+from benchmarks.harness.figures import Target, cell_label, percentile_ms, size_label
+from benchmarks.harness.load import async_burst, single_sequential
+from benchmarks.harness.meter import Meter, Sample
+from worker.client import ToolClient
+from worker.dev.embedded import EmbeddedRedis
 
-ROOT = Path(__file__).resolve().parent.parent
-TOOL = "bench_get"
-# The same request, its answers cached (benchmarks/answers.py).
-CACHED_TOOL = "bench_cached"
-RAW_CONCURRENCY = 256
-CALL_TIMEOUT_S = 300.0
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 20.0
-RSS_INTERVAL_S = 0.02
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+RAW = "raw aiohttp, 256 at a time (limit)"
+RAW_AGAIN = "raw aiohttp, again after toolworker"
+SINGLE = "toolworker single (ToolClient)"
+COALESCED = "toolworker single (AsyncToolClient)"
+BATCHED = "toolworker batched (acall_many)"
+BASELINE = f"baseline Celery+requests, prefork -c{CORES}"
+TOOLWORKER_CASES = (SINGLE, COALESCED, BATCHED)  # one worker process
+# The same worker with one process per core (`--processes`), where there is more than one core.
+PROCESSES = f"{CORES} processes"
+COALESCED_N = f"{COALESCED}, {PROCESSES}"
+BATCHED_N = f"{BATCHED}, {PROCESSES}"
+SINGLE_CASES = (SINGLE, COALESCED, COALESCED_N)
+BATCHED_CASES = (BATCHED, BATCHED_N)
+
+# The targets of issues 6 and 31; shares are of the raw limit measured in the same run.
+SINGLE_MIN_SHARE = 0.40  # at 0 ms
+MAX_CPU_OF_RAW = 1.5  # the worker's CPU per call against raw aiohttp's, at 0 ms and 1 KB
+BATCHED_MIN_SHARE = 0.60
+SLOW_UPSTREAM_MIN_SHARE = 0.80  # one worker process at 100 ms or slower
+LIGHT_LOAD_MAX_P50_MS = 5.0
+
+# One row of figures
 
 
-@dataclass
-class Sample:
-    calls: int
-    seconds: float
-    latencies_s: list[float]
-    failures: Counter[str] = field(default_factory=Counter)
-    truncated: int = 0
+def figures(sample: Sample, latency_ms: float) -> dict[str, Any]:
+    """Throughput, and latency added over the upstream's configured latency."""
+    ordered = sorted(sample.latencies_s)
+    return {
+        "calls": sample.calls,
+        "seconds": round(sample.seconds, 3),
+        "calls_per_s": round(sample.calls / sample.seconds, 1),
+        **{f"p{p}_ms": round(percentile_ms(ordered, p / 100) - latency_ms, 2) for p in (50, 95, 99)},
+        "failures": sum(sample.failures.values()),
+        "first_error": sample.failures.most_common(1)[0][0] if sample.failures else "",
+        "truncated": sample.truncated,
+    }
 
-    def add_result(self, result: ToolResult) -> None:
-        if result.exit_code:
-            self.failures[f"{result.exit_code}: {(result.error or {}).get('message', '')}"[:120]] += 1
-        self.truncated += result.truncated
+
+def make_row(case: str, latency_ms: float, body_bytes: int, sample: Sample, meter: Meter) -> dict[str, Any]:
+    """Figures of one case; CPU and RSS are those of the process making the HTTP calls."""
+    row = {"case": case, "latency_ms": latency_ms, "body_bytes": body_bytes, **figures(sample, latency_ms)}
+    row["cpu_ms_per_call"] = round(meter.cpu_s * 1000 / sample.calls, 3)
+    row["rss_mb"] = None if meter.max_rss_mb is None else round(meter.max_rss_mb, 1)
+    return row
 
 
-# Processes
+def with_ratios(row: dict[str, Any], limit: dict[str, Any]) -> dict[str, Any]:
+    """Each figure as a ratio of the raw limit's (throughput: share of it; latency: times it)."""
+    row["ratio"] = round(row["calls_per_s"] / limit["calls_per_s"], 3)
+    for key in ("p50_ms", "p95_ms", "p99_ms"):
+        base = limit[key]
+        row[key.replace("_ms", "_x")] = round(row[key] / base, 1) if base >= 0.05 else None
+    return row
+
+
+# The matrix
 
 
 @dataclass(frozen=True)
-class Upstream:
-    url: str
+class Cell:
+    """One upstream of the matrix: its latency and body size."""
 
-    def stats(self, reset: bool = False) -> dict[str, int]:
-        """Requests in flight now and at most since the last reset, as the upstream counted them."""
-        query = "?reset=1" if reset else ""
-        with urllib.request.urlopen(f"{self.url}/_stats{query}", timeout=10) as resp:
-            stats: dict[str, int] = json.load(resp)
-            return stats
+    latency_ms: float
+    body_bytes: int
 
-
-@contextmanager
-def upstream(latency_ms: float, body_bytes: int) -> Iterator[Upstream]:
-    """The benchmark upstream in a process of its own (benchmarks/upstream.py)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "benchmarks.upstream", "--port", str(port)]
-    argv += ["--latency-ms", str(latency_ms), "--body-bytes", str(body_bytes)]
-    with process_group(argv, dict(os.environ)):
-        url = f"http://127.0.0.1:{port}"
-        _wait_ready(url)
-        yield Upstream(url)
+    def row(self, case: str, pid: int | None, run: Callable[[], Sample]) -> dict[str, Any]:
+        """Run one case, metering the process that makes the HTTP calls (this one when pid is None)."""
+        with Meter(pid) as meter:
+            sample = run()
+        row = make_row(case, self.latency_ms, self.body_bytes, sample, meter)
+        print(f"  {cell_label(row)}: {case}: {row['calls_per_s']} calls/s", file=sys.stderr, flush=True)
+        return row
 
 
-def _wait_ready(url: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"the benchmark upstream at {url} did not start")
+def run(server: EmbeddedRedis, sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
+    """Every upstream of the matrix in turn; the light-load runs at the first."""
+    rows: list[dict[str, Any]] = []
+    light: list[dict[str, Any]] = []
+    for latency_ms in args.latency_ms:
+        for body_bytes in args.body_bytes:
+            with_light = not light and latency_ms == min(args.latency_ms) and body_bytes == min(args.body_bytes)
+            cell_rows, cell_light = run_cell(server.url, Cell(latency_ms, body_bytes), sizes, with_light)
+            rows += cell_rows
+            light += cell_light
+    return {"rows": rows, "light_load": light}
 
 
-def definitions(directory: Path, max_concurrency: int) -> Path:
-    """One GET tool on the upstream (and the same, cached); max_output_chars and max_response_bytes stay at
-    their defaults."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "bench.yaml").write_text(
-        "upstreams:\n"
-        "  bench:\n"
-        "    base_url: ${env:BENCH_UPSTREAM_URL}\n"
-        f"    max_concurrency: {max_concurrency}\n"
-        "tools:\n"
-        f"  - name: {TOOL}\n"
-        "    upstream: bench\n"
-        "    input_schema: {type: object, properties: {i: {type: integer}}}\n"
-        '    request: {method: GET, path: "/items/${i}"}\n'
-        f"  - name: {CACHED_TOOL}\n"
-        "    upstream: bench\n"
-        "    input_schema: {type: object, properties: {i: {type: integer}}}\n"
-        '    request: {method: GET, path: "/items/${i}"}\n'
-        "    cache: {ttl_seconds: 3600}\n"
+def run_cell(
+    redis_url: str, cell: Cell, sizes: Sizes, with_light: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every case against one upstream (and the light-load runs when asked), each on an empty server."""
+    processes.flush(redis_url)
+    calls = sizes.calls if cell.body_bytes <= 64 * KB else sizes.calls_large_body
+    rows, light = [], []
+    with processes.upstream(cell.latency_ms, cell.body_bytes) as upstream:
+        url = upstream.url
+        limit = cell.row(RAW, None, partial(raw_burst, url, calls))
+        if with_light:
+            light.append(cell.row("raw aiohttp", None, partial(raw_sequential, url, sizes.light_calls)))
+        # The upstream's max_concurrency is the raw limit's concurrency, shared by the processes of a worker.
+        with processes.toolworker(redis_url, url, sizes.threads, max_concurrency=RAW_CONCURRENCY) as pid:
+            if with_light:
+                run = partial(single_sequential, redis_url, sizes.light_calls)
+                light.append(cell.row("toolworker ToolClient.call", pid, run))
+            rows += [cell.row(case, pid, run) for case, run in toolworker_cases(redis_url, calls, sizes.batch).items()]
+        if CORES > 1:
+            per_process = RAW_CONCURRENCY // CORES
+            with processes.toolworker(redis_url, url, sizes.threads, per_process, processes=CORES) as pid:
+                rows.append(cell.row(COALESCED_N, pid, partial(async_burst, redis_url, calls, 1)))
+                rows.append(cell.row(BATCHED_N, pid, partial(async_burst, redis_url, calls, sizes.batch)))
+        # The machine's other load drifts during a cell: the limit is the mean of a measurement before the
+        # toolworker cases and one after them.
+        again = cell.row(RAW_AGAIN, None, partial(raw_burst, url, calls))
+        if with_light:  # what Flower's task views cost a call
+            with processes.toolworker(redis_url, url, sizes.threads, RAW_CONCURRENCY, task_events=False) as pid:
+                run = partial(single_sequential, redis_url, sizes.light_calls)
+                light.append(cell.row("toolworker ToolClient.call, task events off", pid, run))
+        with processes.baseline_worker(redis_url, url, CORES) as pid:
+            if with_light:
+                run = partial(baseline_sequential, url, sizes.light_calls)
+                light.append(cell.row("baseline .delay().get()", pid, run))
+            baseline_calls = min(sizes.baseline_calls, _calls_in(sizes.baseline_seconds, cell.latency_ms))
+            rows.append(cell.row(BASELINE, pid, partial(baseline_burst, url, baseline_calls)))
+    reference = limit | {"calls_per_s": (limit["calls_per_s"] + again["calls_per_s"]) / 2}
+    return [with_ratios(row, reference) for row in (limit, again, *rows)], light
+
+
+def toolworker_cases(redis_url: str, calls: int, batch: int) -> dict[str, Callable[[], Sample]]:
+    return {
+        SINGLE: partial(single_burst, redis_url, calls),
+        COALESCED: partial(async_burst, redis_url, calls, 1),
+        BATCHED: partial(async_burst, redis_url, calls, batch),
+    }
+
+
+def _calls_in(seconds: float, latency_ms: float) -> int:
+    """About how many calls the baseline's prefork processes finish in `seconds` at this latency."""
+    return max(CORES * 4, int(seconds * CORES * 1000 / latency_ms)) if latency_ms else sys.maxsize
+
+
+# Targets
+
+
+def targets(results: dict[str, Any]) -> list[Target]:
+    return [*_throughput_targets(results["rows"]), *_light_targets(results["light_load"])]
+
+
+def _throughput_targets(rows: list[dict[str, Any]]) -> Iterator[Target]:
+    """Per upstream, the best toolworker configuration against each target."""
+    for cell in dict.fromkeys((row["latency_ms"], row["body_bytes"]) for row in rows):
+        in_cell = [row for row in rows if (row["latency_ms"], row["body_bytes"]) == cell]
+        label = cell_label(in_cell[0])
+        if cell[0] == 0:
+            yield _best(in_cell, SINGLE_CASES, f"single >= {SINGLE_MIN_SHARE:.0%} of raw ({label})", SINGLE_MIN_SHARE)
+        if cell == (0, KB):
+            yield from _cpu_targets(in_cell, label)
+        yield _best(in_cell, BATCHED_CASES, f"batched >= {BATCHED_MIN_SHARE:.0%} of raw ({label})", BATCHED_MIN_SHARE)
+        if cell[0] >= 100:
+            name = f"one worker process >= {SLOW_UPSTREAM_MIN_SHARE:.0%} of raw ({label})"
+            yield _best(in_cell, TOOLWORKER_CASES, name, SLOW_UPSTREAM_MIN_SHARE)
+
+
+def _cpu_targets(rows: list[dict[str, Any]], label: str) -> Iterator[Target]:
+    """The worker's CPU per call (one process) against raw aiohttp's, in the same cell."""
+    raw = next(row for row in rows if row["case"] == RAW)["cpu_ms_per_call"]
+    for row in rows:
+        if row["case"] in (COALESCED, BATCHED) and raw:
+            times = row["cpu_ms_per_call"] / raw
+            shown = f"{times:.2f}x ({row['cpu_ms_per_call']:.3f} ms against {raw:.3f} ms)"
+            name = f"worker CPU per call <= {MAX_CPU_OF_RAW:g}x raw aiohttp's: {row['case']} ({label})"
+            yield Target(name, shown, times <= MAX_CPU_OF_RAW)
+
+
+def _best(rows: list[dict[str, Any]], cases: tuple[str, ...], name: str, share: float) -> Target:
+    best = max((row for row in rows if row["case"] in cases), key=lambda row: row["ratio"])
+    return Target(name, f"{best['ratio']:.0%} of raw: {best['case']}", best["ratio"] >= share)
+
+
+def _light_targets(light: list[dict[str, Any]]) -> Iterator[Target]:
+    for row in light:
+        if row["case"].startswith("toolworker"):
+            shown = f"p50 {row['p50_ms']:.2f} ms, p95 {row['p95_ms']:.2f} ms"
+            name = f"added p50 <= {LIGHT_LOAD_MAX_P50_MS:g} ms at light load: {row['case']}"
+            yield Target(name, shown, row["p50_ms"] <= LIGHT_LOAD_MAX_P50_MS)
+
+
+# Output
+
+
+LEGEND = """\
+calls/s: calls / (first submission to last result); % raw: share of the raw limit's calls/s, the
+  mean of the two raw aiohttp measurements (before and after the toolworker cases).
+p50/p95/p99 +ms: each call from its submission to its result, minus the upstream's latency; every call
+  is submitted at once, so the wait in the queue is included; (Nx): times the raw limit's figure.
+CPU ms/call and RSS MB: the process (tree) making the HTTP calls: the benchmark's own for raw aiohttp,
+  the toolworker worker, the baseline's prefork worker; RSS is the highest sampled during the case."""
+
+
+def print_section(results: dict[str, Any]) -> None:
+    _print_rows(results["rows"])
+    _print_light(results["light_load"])
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    print(LEGEND)
+    header = f"{'case':<48} {'calls':>6} {'calls/s':>8} {'% raw':>6} {'p50 +ms':>14} {'p95 +ms':>14}"
+    header += f" {'p99 +ms':>14} {'CPU ms/call':>11} {'RSS MB':>7} {'fail':>5}"
+    cell: tuple[float, int] | None = None
+    for row in rows:
+        if (row["latency_ms"], row["body_bytes"]) != cell:
+            cell = (row["latency_ms"], row["body_bytes"])
+            print(f"\nupstream {cell[0]:g} ms, {size_label(cell[1])} bodies\n{header}")
+        print(_matrix_line(row))
+        if row["first_error"]:
+            print(f"{'':<50}first error: {row['first_error']}")
+
+
+def _matrix_line(row: dict[str, Any]) -> str:
+    latencies = " ".join(_latency_cell(row, p) for p in (50, 95, 99))
+    rss = "-" if row["rss_mb"] is None else f"{row['rss_mb']:.0f}"
+    return (
+        f"{row['case']:<48} {row['calls']:>6} {row['calls_per_s']:>8.0f} {row['ratio']:>6.0%} {latencies}"
+        f" {row['cpu_ms_per_call']:>11.3f} {rss:>7} {row['failures']:>5}"
     )
-    return directory
 
 
-@contextmanager
-def toolworker(
-    redis_url: str,
-    upstream_url: str,
-    threads: int,
-    max_concurrency: int,
-    processes: int = 1,
-    task_events: bool = True,
-    extra_env: Mapping[str, str] | None = None,
-    tree: Path = ROOT,
-) -> Iterator[int]:
-    """`toolworker worker -c N --processes P` serving the benchmark tool; yields its pid once every process
-    answers (the pid of the supervisor when P > 1: its tree is metered). `tree`: a checkout to run the
-    worker from (another commit, for an A/B)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWORKER_", "OTEL_"))}
-        env |= {
-            "TOOLWORKER_REDIS_URL": redis_url,
-            "TOOLWORKER_DEFINITIONS": str(definitions(Path(tmp) / "definitions", max_concurrency)),
-            "TOOLWORKER_LOG_LEVEL": "WARNING",
-            "TOOLWORKER_TASK_EVENTS": str(task_events).lower(),
-            "BENCH_UPSTREAM_URL": upstream_url,
-            **(extra_env or {}),
-        }
-        argv = [sys.executable, "-m", "worker", "worker", "-P", "threads", "-c", str(threads), "--loglevel", "WARNING"]
-        argv += ["--processes", str(processes)]
-        log = Path(tmp) / "worker.log"
-        with process_group(argv, env, log, cwd=tree) as pid:
-            _warm_up_toolworker(redis_url, log)
-            _wait_for_nodes(redis_url, processes, log)
-            yield pid
+def _latency_cell(row: dict[str, Any], p: int) -> str:
+    ratio = row.get(f"p{p}_x")
+    shown = ratio is not None and row["case"] not in {RAW, RAW_AGAIN}
+    text = f"{row[f'p{p}_ms']:.1f}" + (f" ({ratio:g}x)" if shown else "")
+    return f"{text:>14}"
 
 
-def _warm_up_toolworker(redis_url: str, log: Path) -> None:
-    with ToolClient(redis_url) as client:
-        result = client.call(TOOL, {"i": 0}, timeout=START_TIMEOUT_S)
-    if result.exit_code:
-        raise RuntimeError(f"the worker did not answer: {result.error}\n{_tail(log)}")
-
-
-def _wait_for_nodes(redis_url: str, processes: int, log: Path) -> None:
-    """Every worker process is consuming (answers a ping through the broker)."""
-    from celery import Celery
-
-    control = Celery(broker=redis_url).control
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while len(control.ping(timeout=0.5)) < processes:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{processes} worker processes did not all start\n{_tail(log)}")
-
-
-@contextmanager
-def baseline_worker(redis_url: str, upstream_url: str, processes: int) -> Iterator[int]:
-    """The hand-written baseline (benchmarks/baseline.py) on the default prefork pool."""
-    from benchmarks import baseline
-
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ) | {baseline.REDIS_URL_VARIABLE: redis_url}
-        argv = [sys.executable, "-m", "celery", "-A", "benchmarks.baseline", "worker", "-P", "prefork"]
-        argv += ["-c", str(processes), "-Q", baseline.QUEUE, "--loglevel", "WARNING"]
-        log = Path(tmp) / "baseline.log"
-        with process_group(argv, env, log) as pid:
-            baseline.configure(redis_url)
-            warm_up = [baseline.fetch.delay(upstream_url + "/warm-up") for _ in range(processes * 2)]
-            for pending in warm_up:
-                pending.get(timeout=START_TIMEOUT_S)
-            yield pid
-
-
-@contextmanager
-def process_group(argv: list[str], env: dict[str, str], log: Path | None = None, cwd: Path = ROOT) -> Iterator[int]:
-    """A child in a session of its own, so that the whole tree (prefork children too) stops with it."""
-    with (log or Path(os.devnull)).open("ab") as out:
-        process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=out, start_new_session=True)
-    try:
-        yield process.pid
-    finally:
-        _stop_group(process)
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        process.wait()
-
-
-def _tail(log: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-# Memory
-
-
-def process_tree(pid: int) -> list[int]:
-    """A process and all its descendants (children of any of its threads)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        if current in found:
-            continue
-        found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                continue
-    return found
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process tree, in MB (pages shared between processes count once per process)."""
-    total_kb = 0
-    for member in process_tree(pid):
-        try:
-            status = Path(f"/proc/{member}/status").read_text()
-        except OSError:
-            continue
-        total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    return total_kb / 1024
-
-
-def cpu_s(pid: int) -> float:
-    """CPU time (user + system) used so far by a process tree's living members, in seconds."""
-    ticks = 0
-    for member in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / CLOCK_TICKS
-
-
-class Meter:
-    """While the block runs: the highest RSS of a process tree (sampled in a thread) and its CPU time.
-
-    Without a pid it meters this process (the raw aiohttp client): CPU only."""
-
-    def __init__(self, pid: int | None, interval_s: float = RSS_INTERVAL_S) -> None:
-        self._pid = pid
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
-        self.max_rss_mb: float | None = None
-        self.cpu_s = 0.0
-
-    def __enter__(self) -> Meter:
-        self.cpu_s = -self._cpu()
-        if self._pid is not None:
-            self.max_rss_mb = rss_mb(self._pid)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.cpu_s += self._cpu()
-        if self._pid is not None:
-            self._stop.set()
-            self._thread.join(STOP_TIMEOUT_S)
-            self._sample_once()
-
-    def _cpu(self) -> float:
-        return time.process_time() if self._pid is None else cpu_s(self._pid)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self._sample_once()
-
-    def _sample_once(self) -> None:
-        assert self._pid is not None
-        self.max_rss_mb = max(self.max_rss_mb or 0.0, rss_mb(self._pid))
+def _print_light(light: list[dict[str, Any]]) -> None:
+    if not light:
+        return
+    first = light[0]
+    print(
+        f"\nlight load: one call at a time, {first['calls']} calls, upstream {first['latency_ms']:g} ms, "
+        f"{size_label(first['body_bytes'])}; latency added over the upstream's configured latency"
+    )
+    for row in light:
+        rss = "" if row["rss_mb"] is None else f"  RSS {row['rss_mb']:.0f} MB"
+        print(
+            f"  {row['case']:<44} p50 {row['p50_ms']:7.2f} ms  p95 {row['p95_ms']:7.2f} ms"
+            f"  CPU {row['cpu_ms_per_call']:.3f} ms/call{rss}"
+        )
 
 
 # Raw aiohttp: the limit
@@ -358,57 +344,11 @@ def single_burst(redis_url: str, calls: int) -> Sample:
     return sample
 
 
-def single_sequential(redis_url: str, calls: int) -> Sample:
-    """ToolClient.call, one at a time."""
-    with ToolClient(redis_url) as client:
-        sample = Sample(calls, 0.0, [])
-        started = time.perf_counter()
-        for i in range(calls):
-            sent = time.perf_counter()
-            sample.add_result(client.call(TOOL, {"i": i}, timeout=CALL_TIMEOUT_S))
-            sample.latencies_s.append(time.perf_counter() - sent)
-        sample.seconds = time.perf_counter() - started
-    return sample
-
-
-def async_burst(redis_url: str, calls: int, batch: int) -> Sample:
-    """AsyncToolClient: `acall` per call (batch 1; the client coalesces one tick's calls into batch
-    messages) or `acall_many` per chunk of `batch`, all submitted at once."""
-    return asyncio.run(_async_burst(redis_url, calls, batch))
-
-
-async def _async_burst(redis_url: str, calls: int, batch: int) -> Sample:
-    client = AsyncToolClient(redis_url)
-    try:
-        await client.acall(TOOL, {"i": 0}, timeout=START_TIMEOUT_S)  # the reply reader is running
-        sample = Sample(calls, 0.0, [])
-
-        async def chunk(start: int, submitted: float) -> None:
-            specs = [(TOOL, {"i": i}) for i in range(start, min(calls, start + batch))]
-            if batch == 1:
-                results = [await client.acall(*specs[0], timeout=CALL_TIMEOUT_S)]
-            else:
-                results = await client.acall_many(specs, timeout=CALL_TIMEOUT_S)
-            done = time.perf_counter()
-            for result in results:
-                sample.add_result(result)
-                sample.latencies_s.append(done - submitted)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(chunk(start, started) for start in range(0, calls, batch)))
-        sample.seconds = time.perf_counter() - started
-        return sample
-    finally:
-        await client.aclose()
-
-
 # The hand-written baseline
 
 
 def baseline_burst(upstream_url: str, calls: int) -> Sample:
     """`fetch.delay(url)` for every call, then `.get()` for each."""
-    from benchmarks.baseline import fetch
-
     started = time.perf_counter()
     pending = [(time.perf_counter(), fetch.delay(f"{upstream_url}/items/{i}")) for i in range(calls)]
     sample = Sample(calls, 0.0, [])
@@ -419,8 +359,6 @@ def baseline_burst(upstream_url: str, calls: int) -> Sample:
 
 
 def baseline_sequential(upstream_url: str, calls: int) -> Sample:
-    from benchmarks.baseline import fetch
-
     sample = Sample(calls, 0.0, [])
     started = time.perf_counter()
     for i in range(calls):
@@ -439,9 +377,3 @@ def _collect_baseline(sample: Sample, result: AsyncResult, submitted: float) -> 
         if answer["status"] != 200:
             sample.failures[f"HTTP {answer['status']}"] += 1
     sample.latencies_s.append(time.perf_counter() - submitted)
-
-
-if __name__ == "__main__":
-    from benchmarks.run import main
-
-    main()

@@ -25,12 +25,12 @@ from typing import Any
 
 import redis
 
-from benchmarks import pipeline
+from benchmarks.harness import processes
+from benchmarks.harness.constants import RAW_CONCURRENCY, UPSTREAM_BODY_BYTES, UPSTREAM_LATENCY_MS
+from benchmarks.harness.load import async_burst, single_sequential
 from worker.dev.embedded import free_port, server_binary
 from worker.settings import get_settings
 
-UPSTREAM_LATENCY_MS = 0.0
-UPSTREAM_BODY_BYTES = 1024
 CONFIGURATIONS = {"MIN_REPLICAS=0 (reference)": 0, "MIN_REPLICAS=1": 1}
 
 
@@ -79,7 +79,7 @@ def run(calls: int, light_calls: int, rounds: int) -> dict[str, Any]:
     """Each configuration once per round, in turn; the medians and their ratios to MIN_REPLICAS=0."""
     measured: dict[str, list[dict[str, float]]] = {}
     names = list(CONFIGURATIONS)
-    with replicated_redis() as url, pipeline.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream:
+    with replicated_redis() as url, processes.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream:
         for number in range(rounds):
             for name in names[number % len(names) :] + names[: number % len(names)]:
                 figures = _measure(url, upstream.url, calls, light_calls, CONFIGURATIONS[name])
@@ -93,9 +93,9 @@ def _measure(url: str, upstream_url: str, calls: int, light_calls: int, min_repl
     os.environ.update(env)  # the client in this process reads it from its settings
     get_settings.cache_clear()
     try:
-        with pipeline.toolworker(url, upstream_url, 64, pipeline.RAW_CONCURRENCY, extra_env=env):
-            burst = pipeline.async_burst(url, calls, 1)
-            light = pipeline.single_sequential(url, light_calls)
+        with processes.toolworker(url, upstream_url, 64, RAW_CONCURRENCY, extra_env=env):
+            burst = async_burst(url, calls, 1)
+            light = single_sequential(url, light_calls)
     finally:
         os.environ.pop("TOOLWORKER_REDIS_MIN_REPLICAS")
         get_settings.cache_clear()

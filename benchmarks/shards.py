@@ -24,9 +24,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from benchmarks import pipeline
-from benchmarks.cost import Counters
-from benchmarks.tenants import MANY_TENANTS, burst
+from benchmarks.harness import processes
+from benchmarks.harness.constants import MANY_TENANTS, RAW_CONCURRENCY
+from benchmarks.harness.load import tenants_burst
+from benchmarks.harness.meter import Counters, Meter
 from worker.dev.embedded import free_port, server_binary
 
 ONE, THREE = "one Redis (reference)", "three shards"
@@ -56,14 +57,14 @@ def run(calls: int, rounds: int, idle_s: float) -> dict[str, Any]:
     with servers(1 + SHARDS) as urls, ExitStack() as stack:
         reference, shard_urls = urls[0], urls[1:]
         shards = " ".join(f"s{i}={url}" for i, url in enumerate(shard_urls, start=1))
-        upstream = stack.enter_context(pipeline.upstream(0.0, 1024))
+        upstream = stack.enter_context(processes.upstream(0.0, 1024))
         pids = {
             ONE: stack.enter_context(
-                pipeline.toolworker(reference, upstream.url, 64, pipeline.RAW_CONCURRENCY, processes=SHARDS)
+                processes.toolworker(reference, upstream.url, 64, RAW_CONCURRENCY, processes=SHARDS)
             ),
             THREE: stack.enter_context(
-                pipeline.toolworker(
-                    shard_urls[0], upstream.url, 64, pipeline.RAW_CONCURRENCY,
+                processes.toolworker(
+                    shard_urls[0], upstream.url, 64, RAW_CONCURRENCY,
                     extra_env={"TOOLWORKER_REDIS_SHARDS": shards},
                 )
             ),
@@ -71,7 +72,7 @@ def run(calls: int, rounds: int, idle_s: float) -> dict[str, Any]:
         counters = {ONE: [Counters(reference)], THREE: [Counters(url) for url in shard_urls]}
         given = {ONE: None, THREE: shards}  # the client's `shards=`: None for the one Redis
         for name in (ONE, THREE):  # every process of each has taken something (a warm-up burst)
-            asyncio.run(burst(reference, MANY_TENANTS * 4, tenants, given[name]))
+            asyncio.run(tenants_burst(reference, MANY_TENANTS * 4, tenants, given[name]))
         for number in range(rounds):
             for name in [ONE, THREE] if number % 2 == 0 else [THREE, ONE]:
                 figures = _burst(counters[name], pids[name], calls, tenants, reference, given[name])
@@ -92,8 +93,8 @@ def _burst(
     counters: list[Counters], pid: int, calls: int, tenants: list[str], url: str, shards: str | None
 ) -> dict[str, float]:
     before = [counter.read() for counter in counters]
-    with pipeline.Meter(pid) as meter:
-        seconds = asyncio.run(burst(url, calls, tenants, shards))
+    with Meter(pid) as meter:
+        seconds = asyncio.run(tenants_burst(url, calls, tenants, shards))
     after = [counter.read() for counter in counters]
     commands = sum(a[0] - b[0] - 2 for a, b in zip(after, before, strict=True))  # less each reading's INFO pair
     main_s = [a[1] - b[1] for a, b in zip(after, before, strict=True)]

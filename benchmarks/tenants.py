@@ -30,14 +30,16 @@ from typing import Any
 
 import redis
 
-from benchmarks import pipeline
-from benchmarks.pipeline import TOOL
+from benchmarks.harness import processes
+from benchmarks.harness.constants import CALL_TIMEOUT_S, MANY_TENANTS, RAW_CONCURRENCY, ROOT, TOOL
+from benchmarks.harness.figures import Target
+from benchmarks.harness.load import tenants_burst
+from benchmarks.harness.meter import Meter
 from worker.client import AsyncToolClient
 
 REFERENCE_COMMIT = "98c61cd"  # the last commit before tenants
 FAIR = "fair take"
 TODAY = "take before tenants"
-MANY_TENANTS = 100
 HOL_LATENCY_MS = 200.0
 HOL_MAX_CONCURRENCY = 16
 HOL_INTERVAL_S = 0.2
@@ -52,7 +54,7 @@ def reference_tree(given: Path | None) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="toolworker-reference-") as tmp:
         archive = Path(tmp) / "tree.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), REFERENCE_COMMIT], cwd=pipeline.ROOT, check=True)
+        subprocess.run(["git", "archive", "-o", str(archive), REFERENCE_COMMIT], cwd=ROOT, check=True)
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         yield Path(tmp)
@@ -61,13 +63,13 @@ def reference_tree(given: Path | None) -> Iterator[Path]:
 def run(redis_url: str, calls: int, rounds: int, hol_burst: int, reference: Path | None = None) -> dict[str, Any]:
     """Every configuration once per round, in turn; then the head-of-line case for each."""
     measured: dict[str, list[dict[str, float]]] = {}
-    with reference_tree(reference) as tree, pipeline.upstream(0.0, 1024) as upstream:
-        configs = [(FAIR, pipeline.ROOT), (TODAY, tree)]
+    with reference_tree(reference) as tree, processes.upstream(0.0, 1024) as upstream:
+        configs = [(FAIR, ROOT), (TODAY, tree)]
         for number in range(rounds):
             for name, root in configs[number % 2 :] + configs[: number % 2]:
                 measured.setdefault(name, []).append(_throughput(redis_url, upstream.url, calls, name, root))
                 print(f"  tenants: {name}: {measured[name][-1]}", file=sys.stderr, flush=True)
-        with pipeline.upstream(HOL_LATENCY_MS, 1024) as slow:
+        with processes.upstream(HOL_LATENCY_MS, 1024) as slow:
             hol = {name: _head_of_line(redis_url, slow.url, hol_burst, name, root) for name, root in configs}
     return {"calls": calls, "rounds": rounds, "rows": _rows(measured), "head_of_line": hol, "burst": hol_burst}
 
@@ -75,11 +77,11 @@ def run(redis_url: str, calls: int, rounds: int, hol_burst: int, reference: Path
 def _throughput(redis_url: str, upstream_url: str, calls: int, name: str, root: Path) -> dict[str, float]:
     fair = name == FAIR
     figures: dict[str, float] = {}
-    with pipeline.toolworker(redis_url, upstream_url, 64, pipeline.RAW_CONCURRENCY, tree=root) as pid:
+    with processes.toolworker(redis_url, upstream_url, 64, RAW_CONCURRENCY, tree=root) as pid:
         for label, tenants in (("one tenant", 1), (f"{MANY_TENANTS} tenants", MANY_TENANTS)):
             names = [f"t{i}" for i in range(tenants)] if fair else ["default"]
-            with _commands(redis_url) as counted, pipeline.Meter(pid) as meter:
-                seconds = asyncio.run(burst(redis_url, calls, names))
+            with _commands(redis_url) as counted, Meter(pid) as meter:
+                seconds = asyncio.run(tenants_burst(redis_url, calls, names))
             figures[f"{label} calls/s"] = calls / seconds
             figures[f"{label} worker CPU ms/call"] = meter.cpu_s * 1000 / calls
             figures[f"{label} commands/call"] = counted["total"] / calls
@@ -104,27 +106,6 @@ def _commands(redis_url: str) -> Iterator[dict[str, int]]:
         client.close()
 
 
-async def burst(redis_url: str, calls: int, tenants: list[str], shards: str | None = None) -> float:
-    """`calls` calls at once, spread over `tenants` (on `shards` when given): the seconds they took."""
-    client = AsyncToolClient(redis_url, shards=shards)
-    try:
-        await client.acall(TOOL, {"i": 0}, timeout=pipeline.START_TIMEOUT_S)  # the reply reader is running
-        started = time.perf_counter()
-        results = await asyncio.gather(
-            *(
-                client.acall(TOOL, {"i": i}, timeout=pipeline.CALL_TIMEOUT_S, tenant=tenants[i % len(tenants)])
-                for i in range(calls)
-            )
-        )
-        seconds = time.perf_counter() - started
-    finally:
-        await client.aclose()
-    failed = sum(1 for r in results if r.exit_code)
-    if failed:
-        raise RuntimeError(f"{failed} of {calls} calls failed")
-    return seconds
-
-
 async def _one_at_a_time(redis_url: str, calls: int, tenant: str) -> list[float]:
     """Each call's time from submission to envelope, the fleet idle in between (0 ms upstream)."""
     client = AsyncToolClient(redis_url, tenant=tenant)
@@ -132,7 +113,7 @@ async def _one_at_a_time(redis_url: str, calls: int, tenant: str) -> list[float]
     try:
         for i in range(calls):
             started = time.perf_counter()
-            await client.acall(TOOL, {"i": i}, timeout=pipeline.CALL_TIMEOUT_S)
+            await client.acall(TOOL, {"i": i}, timeout=CALL_TIMEOUT_S)
             latencies.append(time.perf_counter() - started)
     finally:
         await client.aclose()
@@ -141,7 +122,7 @@ async def _one_at_a_time(redis_url: str, calls: int, tenant: str) -> list[float]
 
 def _head_of_line(redis_url: str, upstream_url: str, burst: int, name: str, root: Path) -> dict[str, float]:
     fair = name == FAIR
-    with pipeline.toolworker(redis_url, upstream_url, 64, HOL_MAX_CONCURRENCY, processes=2, tree=root):
+    with processes.toolworker(redis_url, upstream_url, 64, HOL_MAX_CONCURRENCY, processes=2, tree=root):
         latencies, burst_s = asyncio.run(_a_and_b(redis_url, burst, fair))
     ordered = sorted(latencies)
     figures = {
@@ -193,18 +174,18 @@ def _rows(measured: dict[str, list[dict[str, float]]]) -> list[dict[str, Any]]:
     ]
 
 
-def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+def targets(results: dict[str, Any]) -> list[Target]:
     """The issue's targets: calls/s against the take before tenants, and the head-of-line figures."""
     fair = next(row for row in results["rows"] if row["case"] == FAIR)
     found = []
     for label, share in (("one tenant", 0.95), (f"{MANY_TENANTS} tenants", 0.90)):
         ratio = fair[f"{label} calls/s ratio"]
-        found.append((f"fair take, {label}: calls/s >= {share:.0%} of before", f"{ratio:.0%}", ratio >= share))
+        found.append(Target(f"fair take, {label}: calls/s >= {share:.0%} of before", f"{ratio:.0%}", ratio >= share))
     hol, before = results["head_of_line"][FAIR], results["head_of_line"][TODAY]
     shown = f"p99 {hol['b_p99_s']:.2f} s (before: {before['b_p99_s']:.2f} s)"
-    found.append(("head of line: B's p99 <= 1 s", shown, hol["b_p99_s"] <= 1.0))
+    found.append(Target("head of line: B's p99 <= 1 s", shown, hol["b_p99_s"] <= 1.0))
     slower = hol["a_burst_s"] / before["a_burst_s"]
-    found.append(("head of line: A's burst <= 110% of before", f"{slower:.0%}", slower <= 1.10))
+    found.append(Target("head of line: A's burst <= 110% of before", f"{slower:.0%}", slower <= 1.10))
     return found
 
 

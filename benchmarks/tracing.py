@@ -25,11 +25,11 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from benchmarks import pipeline
-from benchmarks.pipeline import Meter
+from benchmarks.harness import processes
+from benchmarks.harness.constants import RAW_CONCURRENCY, ROOT, UPSTREAM_BODY_BYTES, UPSTREAM_LATENCY_MS
+from benchmarks.harness.load import async_burst
+from benchmarks.harness.meter import Meter
 
-UPSTREAM_LATENCY_MS = 0.0
-UPSTREAM_BODY_BYTES = 1024
 OFF = "tracing off"
 SAMPLED_10 = "tracing on, 10% sampled"
 SAMPLED_ALL = "tracing on, every call sampled"
@@ -82,9 +82,9 @@ def configurations(sink_url: str, reference: Path | None) -> list[tuple[str, dic
     exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink_url, "OTEL_BSP_SCHEDULE_DELAY": "1000"}
     tenth = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
     found = [
-        (OFF, {}, pipeline.ROOT),
-        (SAMPLED_10, exporting | tenth, pipeline.ROOT),
-        (SAMPLED_ALL, exporting | {"OTEL_TRACES_SAMPLER": "always_on"}, pipeline.ROOT),
+        (OFF, {}, ROOT),
+        (SAMPLED_10, exporting | tenth, ROOT),
+        (SAMPLED_ALL, exporting | {"OTEL_TRACES_SAMPLER": "always_on"}, ROOT),
     ]
     if reference is not None:
         found.append((REFERENCE, {}, reference))
@@ -94,7 +94,7 @@ def configurations(sink_url: str, reference: Path | None) -> list[tuple[str, dic
 def run(redis_url: str, calls: int, rounds: int, reference: Path | None = None) -> dict[str, Any]:
     """Every configuration once per round, in turn; the medians and their ratios to tracing off."""
     measured: dict[str, list[dict[str, float]]] = {}
-    with Sink().running() as sink, pipeline.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream:
+    with Sink().running() as sink, processes.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream:
         configs = configurations(sink.url, reference)
         for number in range(rounds):
             for name, env, tree in configs[number % len(configs) :] + configs[: number % len(configs)]:
@@ -107,11 +107,11 @@ def run(redis_url: str, calls: int, rounds: int, reference: Path | None = None) 
 def _measure(
     redis_url: str, upstream_url: str, calls: int, env: dict[str, str], tree: Path, sink: Sink
 ) -> dict[str, float]:
-    concurrency = pipeline.RAW_CONCURRENCY
-    with pipeline.toolworker(redis_url, upstream_url, 64, concurrency, extra_env=env, tree=tree) as pid:
+    concurrency = RAW_CONCURRENCY
+    with processes.toolworker(redis_url, upstream_url, 64, concurrency, extra_env=env, tree=tree) as pid:
         sink.take()  # the warm-up call's spans
         with Meter(pid) as meter:
-            sample = pipeline.async_burst(redis_url, calls, 1)
+            sample = async_burst(redis_url, calls, 1)
     # The worker flushed its batched spans as it stopped.
     return {
         "worker_cpu_ms_per_call": meter.cpu_s * 1000 / calls,

@@ -24,8 +24,9 @@ from typing import Any
 
 import redis
 
-from benchmarks import pipeline
-from benchmarks.pipeline import Meter
+from benchmarks.harness import processes
+from benchmarks.harness.constants import CALL_TIMEOUT_S, RAW_CONCURRENCY, TOOL
+from benchmarks.harness.meter import Meter
 from worker.client import AsyncToolClient
 from worker.queue.webhooks import DUE_KEY, record_key, webhook_id
 from worker.settings import get_settings
@@ -46,11 +47,11 @@ def run(redis_url: str, calls: int, rounds: int) -> dict[str, Any]:
     """Both measures, `rounds` times each; medians."""
     alone: list[dict[str, float]] = []
     paired: dict[str, list[float]] = {WITHOUT: [], WITH: []}
-    with pipeline.upstream(0.0, RECEIVER_BODY_BYTES) as receiver:
+    with processes.upstream(0.0, RECEIVER_BODY_BYTES) as receiver:
         env = env_for(receiver.url)
         os.environ["TOOLWORKER_CALLBACK_ALLOW"] = env["TOOLWORKER_CALLBACK_ALLOW"]  # the client checks it too
         get_settings.cache_clear()
-        with pipeline.toolworker(redis_url, receiver.url, 64, pipeline.RAW_CONCURRENCY, extra_env=env) as pid:
+        with processes.toolworker(redis_url, receiver.url, 64, RAW_CONCURRENCY, extra_env=env) as pid:
             for number in range(rounds):
                 alone.append(_deliveries_alone(redis_url, pid, receiver.url, calls))
                 order = [WITHOUT, WITH] if number % 2 == 0 else [WITH, WITHOUT]
@@ -104,10 +105,7 @@ async def _burst(redis_url: str, count: int, callback: str | None) -> int:
     client = AsyncToolClient(redis_url)
     try:
         results = await asyncio.gather(
-            *(
-                client.acall(pipeline.TOOL, {"i": i}, timeout=pipeline.CALL_TIMEOUT_S, callback_url=callback)
-                for i in range(count)
-            )
+            *(client.acall(TOOL, {"i": i}, timeout=CALL_TIMEOUT_S, callback_url=callback) for i in range(count))
         )
     finally:
         await client.aclose()

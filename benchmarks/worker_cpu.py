@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -39,12 +38,12 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks import pipeline
-from benchmarks.pipeline import TOOL, Meter
+from benchmarks.harness import processes
+from benchmarks.harness.constants import CALL_TIMEOUT_S, KB, RAW_CONCURRENCY, ROOT, START_TIMEOUT_S, TOOL
+from benchmarks.harness.figures import Target
+from benchmarks.harness.meter import Meter
 from worker.client import AsyncToolClient
-from worker.dev.embedded import EmbeddedRedis
 
-KB = 1024
 LATENCIES_MS = (0.0, 100.0)
 CONCURRENCY = 200
 
@@ -81,13 +80,13 @@ def run(redis_url: str, quick: bool = False, reference: Path | None = None) -> d
     """Per upstream latency, round after round: each worker (this tree's, and the reference's when given)
     started afresh and every case measured against it, in turns; the medians."""
     calls, rounds = (CALLS_QUICK, 1) if quick else (CALLS, ROUNDS)
-    trees = [(THIS, pipeline.ROOT)] + ([(REFERENCE, reference)] if reference is not None else [])
+    trees = [(THIS, ROOT)] + ([(REFERENCE, reference)] if reference is not None else [])
     results: dict[str, Any] = {"calls": calls, "rounds": rounds, "concurrency": CONCURRENCY, "cells": {}}
     if reference is not None:
         results["reference"] = str(reference)
     for latency_ms in LATENCIES_MS:
         measured: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name, _ in trees}
-        with pipeline.upstream(latency_ms, KB) as upstream:
+        with processes.upstream(latency_ms, KB) as upstream:
             for number in range(rounds):
                 for name, tree in _turn(trees, number):
                     with _worker(redis_url, upstream.url, tree) as pid:
@@ -154,13 +153,13 @@ async def _toolworker(redis_url: str, pid: int | None, calls: int, batch: int) -
         specs = [(TOOL, {"i": i}) for i in range(start, min(calls, start + batch))]
         async with semaphore:
             if batch == 1:
-                results = [await client.acall(*specs[0], timeout=pipeline.CALL_TIMEOUT_S)]
+                results = [await client.acall(*specs[0], timeout=CALL_TIMEOUT_S)]
             else:
-                results = await client.acall_many(specs, timeout=pipeline.CALL_TIMEOUT_S)
+                results = await client.acall_many(specs, timeout=CALL_TIMEOUT_S)
         failed += sum(1 for result in results if result.exit_code)
 
     try:
-        await client.acall(TOOL, {"i": 0}, timeout=pipeline.START_TIMEOUT_S)  # the reply reader is running
+        await client.acall(TOOL, {"i": 0}, timeout=START_TIMEOUT_S)  # the reply reader is running
         work = asyncio.gather(*(chunk(start) for start in range(0, calls, batch)))
         figures = await (_metered(pid, work) if pid is not None else _timed(work))
     finally:
@@ -176,9 +175,9 @@ async def _timed(work: Awaitable[Any]) -> tuple[float, float, float]:
     return time.perf_counter() - started, 0.0, 0.0
 
 
-def _worker(redis_url: str, upstream_url: str, tree: Path = pipeline.ROOT) -> AbstractContextManager[int]:
+def _worker(redis_url: str, upstream_url: str, tree: Path = ROOT) -> AbstractContextManager[int]:
     env = WORKER_ENV
-    return pipeline.toolworker(redis_url, upstream_url, THREADS, pipeline.RAW_CONCURRENCY, extra_env=env, tree=tree)
+    return processes.toolworker(redis_url, upstream_url, THREADS, RAW_CONCURRENCY, extra_env=env, tree=tree)
 
 
 def _medians(measured: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -194,15 +193,15 @@ def _medians(measured: dict[str, list[dict[str, float]]]) -> dict[str, dict[str,
 # Targets and output
 
 
-def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+def targets(results: dict[str, Any]) -> list[Target]:
     zero, slow = results["cells"]["0"], results["cells"]["100"]
     raw_ms = zero[RAW]["client_cpu_ms_per_call"]
     found = []
     for case in (SINGLE, BATCHED):
         times, ms = zero[case]["cpu_times_raw"], zero[case]["worker_cpu_ms_per_call"]
         found.append(
-            (f"worker CPU per call <= {MAX_CPU_OF_RAW:g}x a raw aiohttp request's, {case}, 0 ms",
-             f"{times:.2f}x ({ms:.3f} ms against {raw_ms:.3f} ms)", times <= MAX_CPU_OF_RAW)
+            Target(f"worker CPU per call <= {MAX_CPU_OF_RAW:g}x a raw aiohttp request's, {case}, 0 ms",
+                   f"{times:.2f}x ({ms:.3f} ms against {raw_ms:.3f} ms)", times <= MAX_CPU_OF_RAW)
         )  # fmt: skip
     shares = (
         (SINGLE, "0 ms", zero, MIN_SINGLE_SHARE_0MS),
@@ -213,7 +212,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     for case, where, cell, share in shares:
         ratio = cell[case]["share_of_raw"]
         name = f"one worker process >= {share:.0%} of raw aiohttp's calls/s, {case}, {where}"
-        found.append((name, f"{ratio:.0%}", ratio >= share))
+        found.append(Target(name, f"{ratio:.0%}", ratio >= share))
     return found
 
 
@@ -249,17 +248,13 @@ def profile(directory: Path) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     directory.mkdir(parents=True, exist_ok=True)
     collapsed, svg = directory / "worker.collapsed", directory / "worker.svg"
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedRedis(Path(tmp) / "redis").start()
-        try:
-            with (
-                pipeline.upstream(0.0, KB) as upstream,
-                _worker(server.url, upstream.url) as pid,
-            ):
-                _record(spy, pid, server.url, ["--format", "raw", "-o", str(collapsed)])
-                _record(spy, pid, server.url, ["--format", "flamegraph", "-o", str(svg)])
-        finally:
-            server.stop()
+    with (
+        processes.embedded_redis() as server,
+        processes.upstream(0.0, KB) as upstream,
+        _worker(server.url, upstream.url) as pid,
+    ):
+        _record(spy, pid, server.url, ["--format", "raw", "-o", str(collapsed)])
+        _record(spy, pid, server.url, ["--format", "flamegraph", "-o", str(svg)])
     print(summary(collapsed.read_text()))
     print(f"\nstacks: {collapsed}\nflame graph: {svg}")
 
@@ -274,7 +269,7 @@ def _record(spy: str, pid: int, redis_url: str, output: list[str]) -> None:
         subprocess.run([*argv, *output, "--nonblocking"], check=True, capture_output=True)
     finally:
         done.set()
-        load.join(pipeline.CALL_TIMEOUT_S)
+        load.join(CALL_TIMEOUT_S)
 
 
 def _keep_busy(redis_url: str, done: threading.Event) -> None:
@@ -307,7 +302,7 @@ def summary(collapsed: str, top: int = PROFILE_TOP) -> str:
 def _function(frame: str) -> str:
     """`name (path/to/module.py:line)` without the line: one entry per function."""
     name, _, where = frame.partition(" (")
-    path = where.rsplit(":", 1)[0].removeprefix(f"{pipeline.ROOT}/").rpartition("site-packages/")[2]
+    path = where.rsplit(":", 1)[0].removeprefix(f"{ROOT}/").rpartition("site-packages/")[2]
     return f"{name} ({path})" if path else name
 
 
@@ -320,15 +315,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile is not None:
         profile(args.profile)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedRedis(Path(tmp) / "redis").start()
-        try:
-            results = run(server.url, args.quick, args.reference_tree)
-        finally:
-            server.stop()
+    with processes.embedded_redis() as server:
+        results = run(server.url, args.quick, args.reference_tree)
     print_section(results)
-    for name, shown, met in targets(results):
-        print(f"  [{'MET' if met else 'MISSED':>6}] {name}: {shown}")
+    for target in targets(results):
+        print(f"  [{'MET' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")
 
 
 if __name__ == "__main__":

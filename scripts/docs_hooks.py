@@ -4,7 +4,7 @@ A page asks for a part with an HTML comment on a line of its own, replaced when 
 
     <!-- generated: settings -->   settings of worker/settings.py the page's table does not list yet
     <!-- generated: cli -->        every `toolworker` command's --help
-    <!-- generated: openapi -->    the gateway's REST operations, from worker/gateway/openapi_document.py
+    <!-- generated: openapi -->    the gateway's REST operations, from worker/gateway/rest/document.py
 
 The OpenAPI document itself is also published beside the page, as reference/openapi.json.
 """
@@ -133,7 +133,8 @@ def cli_reference(markdown: str) -> str:
 
 
 def openapi() -> dict[str, Any]:
-    from worker.gateway import openapi_document, version
+    from worker.gateway import version
+    from worker.gateway.rest import document as openapi_document
 
     document: dict[str, Any] = openapi_document.document(SERVER_URL, version())
     return document

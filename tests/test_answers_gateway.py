@@ -21,8 +21,8 @@ from tests.support.servers import DnsServer
 from tests.support.shop_app import ShopServer
 from worker.constants import RESULT_KEY_PREFIX
 from worker.dev.embedded import EmbeddedRedis
-from worker.gateway.mcp import CALL_META_KEY
-from worker.gateway.mcp_output import NOT_STRUCTURED
+from worker.gateway.mcp.output import NOT_STRUCTURED
+from worker.gateway.mcp.results import CALL_META_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MODES = ["legacy", "auto"]  # the initialize handshake (2025-11-25 and before), and 2026-07-28

@@ -17,7 +17,7 @@ from worker.definitions.file_store import load as load_toolset
 from worker.definitions.model import Auth
 from worker.envelope import ToolResult
 from worker.errors import EgressBlocked, InvalidArguments
-from worker.gateway import mcp_output
+from worker.gateway.mcp import output as mcp_output
 from worker.http.transport import Response
 
 SHAPES = Path(__file__).parent / "fixtures" / "answers" / "answers.yaml"

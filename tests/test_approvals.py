@@ -32,7 +32,7 @@ from tests.support.webhooks import Receiver, ReceiverServer
 from worker.client import ToolClient
 from worker.constants import AUDIT_STREAM_KEY, DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis, free_port
-from worker.gateway.mcp import CALL_META_KEY
+from worker.gateway.mcp.results import CALL_META_KEY
 from worker.protocol import task_message
 from worker.queue.scheduler import IN_FLIGHT_KEY
 

@@ -17,12 +17,12 @@ from starlette.applications import Starlette
 from tests.support.browser import AsgiThread, browser, page
 from worker.connections import async_client, sync_client
 from worker.dev.embedded import EmbeddedRedis
-from worker.gateway.audit import Action
 from worker.gateway.console import Console, Extensions
 from worker.gateway.console.gate import Gate
 from worker.gateway.console.sessions import Sessions
 from worker.gateway.console.sources import Connection, NotWaiting, WaitingCall
-from worker.gateway.identity import Grant, Principal, StaticTokens
+from worker.gateway.identity.audit import Action
+from worker.gateway.identity.principals import Grant, Principal, StaticTokens
 from worker.shards import Shards
 
 pytestmark = pytest.mark.integration

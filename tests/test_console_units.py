@@ -14,7 +14,7 @@ from starlette.requests import Request
 from worker.constants import DEAD_LETTER_KEY, RESULT_KEY_PREFIX
 from worker.gateway.console.gate import Gate
 from worker.gateway.console.sessions import SESSION_PREFIX, Sessions
-from worker.gateway.identity import Grant, Principal, StaticTokens
+from worker.gateway.identity.principals import Grant, Principal, StaticTokens
 from worker.queue import dead_letter
 from worker.queue.dead_letter_store import DeadLetters, NoSuchItem, NotReplayable
 

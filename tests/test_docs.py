@@ -313,7 +313,7 @@ def test_rest_and_cli_references_cover_the_code() -> None:
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in blocks_of("yaml", "yml")])
 def test_yaml_examples_are_valid(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every yaml block of the docs is a definitions file `toolworker validate` accepts, or a valid access file."""
-    from worker.gateway.identity import AccessFile, access_problems
+    from worker.gateway.identity.principals import AccessFile, access_problems
     from worker.settings import Settings
 
     data = yaml.safe_load(block.text)
@@ -466,7 +466,7 @@ def test_authentication_example_loads(tmp_path: Path) -> None:
 
 def test_access_file_example_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The identity guide's access file is valid: its tokens resolve, its scopes grant, its audience is as written."""
-    from worker.gateway.identity import access_problems, load_access
+    from worker.gateway.identity.principals import access_problems, load_access
     from worker.settings import Settings
 
     [block] = [b for b in code_blocks("yaml") if "principal_claim" in b]

@@ -18,7 +18,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from tests.support.gateway_stack import HELD_QUEUE, OTHER_TOKEN, TOKEN, Stack, auth, gateway_env, text_of
-from worker.gateway.mcp import CALL_ID_META_KEY, CALL_META_KEY
+from worker.gateway.mcp.results import CALL_META_KEY
+from worker.gateway.mcp.server import CALL_ID_META_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MODES = ["legacy", "auto"]  # the initialize handshake, and 2026-07-28 after `server/discover`

@@ -14,13 +14,14 @@ from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.definitions.model import Auth, RequestTemplate, Tool, ToolSet, Upstream
 from worker.definitions.templates import Template
 from worker.envelope import ToolResult
-from worker.gateway import discovery
 from worker.gateway.catalog import Snapshot, with_tags
 from worker.gateway.claims import Claim, Claims
 from worker.gateway.headers import forwarded
-from worker.gateway.identity import static_tokens
-from worker.gateway.mcp import _decode_cursor, _encode_cursor, result_text, tool_result
-from worker.gateway.security import Gatekeeper, Guard
+from worker.gateway.identity.principals import static_tokens
+from worker.gateway.identity.security import Gatekeeper, Guard
+from worker.gateway.mcp import discovery
+from worker.gateway.mcp.results import result_text, tool_result
+from worker.gateway.mcp.server import _decode_cursor, _encode_cursor
 from worker.protocol import task_message, without_call
 from worker.settings import Settings
 

@@ -17,10 +17,10 @@ from worker.cli import main
 from worker.constants import AUDIT_STREAM_KEY
 from worker.definitions.model import RequestTemplate, Tool, ToolSet, Upstream
 from worker.definitions.templates import Template
-from worker.gateway import discovery
-from worker.gateway.audit import AuditTrail, Record, read, since_ms
 from worker.gateway.catalog import Snapshot
-from worker.gateway.identity import (
+from worker.gateway.identity.audit import AuditTrail, Record, read, since_ms
+from worker.gateway.identity.oauth import IssuerKeys, JwtVerifier, metadata_urls
+from worker.gateway.identity.principals import (
     EVERYTHING,
     Grant,
     OAuthSpec,
@@ -29,8 +29,8 @@ from worker.gateway.identity import (
     load_access,
     static_tokens,
 )
-from worker.gateway.oauth import IssuerKeys, JwtVerifier, metadata_urls
-from worker.gateway.security import Gatekeeper, Refusal
+from worker.gateway.identity.security import Gatekeeper, Refusal
+from worker.gateway.mcp import discovery
 from worker.settings import Settings
 
 ISSUER = "http://127.0.0.1:9/"
@@ -299,7 +299,8 @@ async def test_an_issuer_that_cannot_be_reached_is_503_and_asked_once_an_interva
 
 def test_the_gateway_does_not_start_on_a_bad_access_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A gateway whose access file is wrong exits 78 (configuration) saying what is wrong, before it listens."""
-    from worker.gateway.app import Options, serve
+    from worker.gateway.app import serve
+    from worker.gateway.mcp.server import Options
 
     settings = Settings(gateway_access=_write(tmp_path, "oauth: {issuer: 'http://127.0.0.1:9', algorithms: [none]}"))
     assert serve(settings, Options(), port=0) == 78

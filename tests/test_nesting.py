@@ -15,7 +15,7 @@ from mcp_types._types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META
 from tests.support.gateway_stack import Stack, auth
 from worker.client import ToolClient
 from worker.constants import MAX_ARGUMENTS_DEPTH
-from worker.gateway.mcp import CALL_META_KEY
+from worker.gateway.mcp.results import CALL_META_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

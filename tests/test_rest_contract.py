@@ -14,8 +14,8 @@ from starlette.requests import Request
 from worker.definitions.model import Problem
 from worker.definitions.readers.openapi import import_openapi
 from worker.definitions.readers.openapi.refs import Node, Resolver
-from worker.gateway.bodies import BadBody, json_body, parse
-from worker.gateway.openapi_document import document
+from worker.gateway.rest.bodies import BadBody, json_body, parse
+from worker.gateway.rest.document import document
 
 METHODS = {"get", "post", "put", "patch", "delete"}
 

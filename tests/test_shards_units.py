@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from worker.cli import main
 from worker.constants import RESULT_KEY_PREFIX
 from worker.gateway.decisions import Decisions
-from worker.gateway.identity import Grant, Principal
+from worker.gateway.identity.principals import Grant, Principal
 from worker.queue.approvals import APPROVALS_KEY, NotParked, approval_key
 from worker.queue.publisher import Publisher
 from worker.settings import Settings, get_settings

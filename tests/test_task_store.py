@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fakeredis
 
-from worker.gateway.task_store import TASK_KEY_PREFIX, TaskRecord, TaskStore, new_task_id, now_iso
+from worker.gateway.mcp.task_store import TASK_KEY_PREFIX, TaskRecord, TaskStore, new_task_id, now_iso
 
 
 def record(principal: str = "alice", ttl_ms: int = 60_000) -> TaskRecord:

@@ -18,9 +18,9 @@ from worker.call import connect as connect_module
 from worker.call.connect import ConnectLinks
 from worker.call.vault import Keyring, TokenSet, Vault, VaultKeyError, record_key
 from worker.definitions import file_store
-from worker.gateway.identity import GrantSpec, OAuthSpec, StaticTokens
-from worker.gateway.oauth import JwtVerifier
-from worker.gateway.security import Gatekeeper, Refusal, is_open_path
+from worker.gateway.identity.oauth import JwtVerifier
+from worker.gateway.identity.principals import GrantSpec, OAuthSpec, StaticTokens
+from worker.gateway.identity.security import Gatekeeper, Refusal, is_open_path
 
 
 def key(kid: str, byte: bytes) -> str:

@@ -423,7 +423,8 @@ def _gateway_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from worker.gateway.app import Options, serve
+    from worker.gateway.app import serve
+    from worker.gateway.mcp.server import Options
     from worker.logs import configure
 
     settings = get_settings()
@@ -446,8 +447,8 @@ def _vault_keys_usable(settings: Settings) -> bool:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    from worker.gateway.app import Options
-    from worker.gateway.stdio import serve_stdio
+    from worker.gateway.mcp.server import Options
+    from worker.gateway.mcp.stdio import serve_stdio
     from worker.logs import configure
 
     settings = get_settings()
@@ -518,7 +519,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _access_problems() -> int:
     """The gateway's access file (TOOLWORKER_GATEWAY_ACCESS), when there is one: its problems, printed."""
-    from worker.gateway.identity import access_problems
+    from worker.gateway.identity.principals import access_problems
 
     problems = access_problems(get_settings())
     for problem in problems:
@@ -528,7 +529,7 @@ def _access_problems() -> int:
 
 def _audit(args: argparse.Namespace) -> int:
 
-    from worker.gateway import audit
+    from worker.gateway.identity import audit
 
     settings = get_settings()
     try:
@@ -549,7 +550,7 @@ def _audit(args: argparse.Namespace) -> int:
 def _connections(args: argparse.Namespace) -> int:
     import asyncio
 
-    from worker.gateway.connections import run_command
+    from worker.gateway.rest.connections import run_command
 
     settings = get_settings()
     _check_redis(settings)
@@ -622,7 +623,7 @@ def _audit_action(settings: Settings, name: str, target: str) -> None:
     """An operator's action from the command line, in the gateway's audit trail (`cli:<user>`)."""
     import getpass
 
-    from worker.gateway.audit import action, write_action
+    from worker.gateway.identity.audit import action, write_action
 
     with sync_client(settings.redis_url, socket_connect_timeout=5, socket_timeout=30) as client:
         write_action(client, action(f"cli:{getpass.getuser()}", "default", name, target), settings.audit_stream_maxlen)
@@ -665,9 +666,9 @@ def _with_decisions(work: Any) -> Any:
     import getpass
 
     from worker.connections import async_client
-    from worker.gateway.audit import AuditTrail
     from worker.gateway.decisions import Decisions
-    from worker.gateway.identity import Principal
+    from worker.gateway.identity.audit import AuditTrail
+    from worker.gateway.identity.principals import Principal
     from worker.queue.publisher import Publisher
 
     settings = get_settings()

@@ -80,5 +80,5 @@ GATEWAY_CALL_KEY_PREFIX = "toolworker:gateway:call:"
 CLIENT_SLACK_S = 2.0
 
 # The audit trail: one entry per call the gateway takes (who, which tool, callId, exit code), capped by
-# TOOLWORKER_AUDIT_STREAM_MAXLEN; written by worker/gateway/audit.py, read by `toolworker audit`.
+# TOOLWORKER_AUDIT_STREAM_MAXLEN; written by worker/gateway/identity/audit.py, read by `toolworker audit`.
 AUDIT_STREAM_KEY = "toolworker:audit"

@@ -78,7 +78,8 @@ class Settings(BaseSettings):
     gateway_page_size: int = Field(100, ge=1, le=1000)
     # How long a call waits for its envelope unless the request says otherwise.
     gateway_call_timeout_seconds: float = Field(60.0, gt=0, le=86_400)
-    # Principals: named tokens, OAuth 2.1 access tokens, their grants and tenants (worker/gateway/identity.py).
+    # Principals: named tokens, OAuth 2.1 access tokens, their grants and tenants
+    # (worker/gateway/identity/principals.py).
     gateway_access: Path | None = None
     # The gateway's URL as its clients reach it (behind a load balancer: the public one); the OAuth
     # resource is this + /mcp, and the Protected Resource Metadata names it.
@@ -88,7 +89,7 @@ class Settings(BaseSettings):
     vault_keys: SecretStr = SecretStr("")
     # How long a connect URL (and the authorization it starts) stays usable.
     connect_ttl_seconds: int = Field(600, ge=10, le=86_400)
-    # MCP tasks (worker/gateway/tasks.py): how long a task is kept when its client asks no TTL (a client may
+    # MCP tasks (worker/gateway/mcp/tasks.py): how long a task is kept when its client asks no TTL (a client may
     # ask up to result_ttl_seconds, as long as its envelope is kept), and how often clients are told to poll.
     task_ttl_seconds: int = Field(3600, ge=1)
     task_poll_interval_ms: int = Field(1000, ge=10, le=600_000)

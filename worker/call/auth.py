@@ -20,7 +20,6 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote, urlencode
 
 import redis.asyncio as aioredis
@@ -28,20 +27,16 @@ import redis.asyncio as aioredis
 from worker import errors
 from worker.call.circuit import Clock
 from worker.call.rendering import render_secret
+from worker.call.renewal import REFRESH_AT_SHARE, single_flight
 from worker.definitions.model import Auth, Upstream
 from worker.http.oauth import Token, TokenRequest, fetch_token
 from worker.http.transport import HttpTransport, PreparedRequest
 from worker.protocol import ToolCall
 
-if TYPE_CHECKING:  # delegated.py builds on this module's single_flight
-    from worker.call.delegated import UserTokens
-
 TOKEN_KEY_PREFIX = "toolworker:oauth:"
-# A token is refreshed once this share of its lifetime has passed (workers keep using it meanwhile).
-REFRESH_AT_SHARE = 0.8
-_LOCK_MS = 15_000
-_POLL_S = 0.05
-T = TypeVar("T")
+# Where a call for a user finds the user's token for an upstream (delegated.py's UserTokens.token, the vault):
+# (user, upstream, environ, transport, deadline, stale token) -> the access token.
+UserToken = Callable[[str | None, Upstream, Mapping[str, str], HttpTransport, float, str | None], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +125,7 @@ async def authorize(
     deadline: float,
     transport: HttpTransport,
     stale: str | None = None,
-    users: UserTokens | None = None,
+    user_token: UserToken | None = None,
 ) -> tuple[PreparedRequest, str | None]:
     """The request with the upstream's credential on it, and the OAuth2 token used (for a 401's retry)."""
     auth = upstream.auth
@@ -138,9 +133,9 @@ async def authorize(
         return request, None
     env = environ
     if auth.delegated:  # the call's user's own token, from the vault
-        if users is None:
+        if user_token is None:
             raise errors.ToolMisconfigured("This tool acts for its user, and this worker has no vault.")
-        token = await users.token(call.user, upstream, env, transport, deadline, stale)
+        token = await user_token(call.user, upstream, env, transport, deadline, stale)
         return _with_header(request, "Authorization", f"Bearer {token}", token), token
     user = _per_call(auth, call)
     if user is not None:
@@ -151,38 +146,6 @@ async def authorize(
         )
         return _with_header(request, "Authorization", f"Bearer {token}", token), token
     return _credential(request, auth, _static(auth, env)), None
-
-
-async def single_flight(
-    redis: aioredis.Redis,
-    lock_key: str,
-    read: Callable[[], Awaitable[T | None]],
-    fresh: Callable[[T], bool],
-    usable: Callable[[T], bool],
-    renew: Callable[[T | None], Awaitable[T]],
-    deadline: float,
-    clock: Clock = time.time,
-) -> T:
-    """A value shared by the fleet, renewed by one worker at a time (the holder of `lock_key`): fresh, it is
-    used; stale, one worker renews it (after looking again under the lock) while the others keep using it if
-    it is still usable, or wait for the new one within `deadline` (TimedOut past it)."""
-    while True:
-        current = await read()
-        if current is not None and fresh(current):
-            return current
-        if await redis.set(lock_key, "1", nx=True, px=_LOCK_MS):
-            try:
-                current = await read()  # another worker may have renewed it since this one looked
-                if current is not None and fresh(current):
-                    return current
-                return await renew(current)
-            finally:
-                await redis.delete(lock_key)
-        if current is not None and usable(current):
-            return current  # another worker is renewing it; this one is good meanwhile
-        if clock() >= deadline:
-            raise errors.TimedOut("The call ran out of time waiting for the upstream's access token.")
-        await asyncio.sleep(_POLL_S)
 
 
 def _per_call(auth: Auth, call: ToolCall) -> str | None:

@@ -1,7 +1,7 @@
 """End users' tokens at send time: the call's user's token set for its upstream, from the vault.
 
     oauth2_user            the set the user granted (connect link → callback); refreshed by one worker of
-                           the fleet (auth.single_flight) once REFRESH_AT_SHARE of its lifetime has passed,
+                           the fleet (renewal.single_flight) once REFRESH_AT_SHARE of its lifetime has passed,
                            and once on a 401. A refresh the server refuses removes the connection (audited).
     oauth2_token_exchange  the token the gateway obtained at enqueue for this user; used until it expires.
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from worker import errors
-from worker.call.auth import single_flight
 from worker.call.circuit import Clock
 from worker.call.connect import ConnectLinks
 from worker.call.rendering import render_secret
+from worker.call.renewal import single_flight
 from worker.call.vault import Keyring, TokenSet, Vault, audit, record_key
 from worker.definitions.model import Auth, Upstream
 from worker.http.delegated import ServerEndpoints, discover, expiry, grant

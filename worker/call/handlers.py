@@ -88,7 +88,7 @@ class DefinedTool(HttpHandler):
             job.deadline,
             runtime.transport,
             stale,
-            runtime.users,
+            runtime.users.token,
         )
         return with_idempotency_key(request, job.upstream, job.call), token
 

@@ -27,7 +27,7 @@ import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from worker.call.auth import REFRESH_AT_SHARE
+from worker.call.renewal import REFRESH_AT_SHARE
 from worker.constants import AUDIT_STREAM_KEY
 
 log = structlog.get_logger("toolworker.vault")

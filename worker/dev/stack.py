@@ -59,7 +59,7 @@ def _start_processes(
 
 
 def _print_banner(env: dict[str, str], flower_port: int, gateway_port: int) -> None:
-    from worker.gateway.stdio import desktop_config
+    from worker.gateway.mcp.stdio import desktop_config
 
     settings = get_settings()
     redis_url = env["TOOLWORKER_REDIS_URL"]

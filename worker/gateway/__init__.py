@@ -1,19 +1,21 @@
-"""The agent gateway: MCP, XAgent ToolServer and REST front ends in front of the queue (docs/guides/gateway.md).
+"""The agent gateway: MCP, REST and XAgent ToolServer front ends, and a console, in front of the queue
+(docs/guides/gateway.md). One room per surface, over what they share; app.py composes them.
 
-    catalog.py     the tools offered: what the workers serve, optionally a tagged subset, followed per version
-    calls.py       a call through the queue (AsyncToolClient), claimed by callId so a resend is not run twice
-    headers.py     which of the agent's request headers travel with its calls
-    withdraw.py    taking a call that has not started off its queue (cancellation)
-    health.py      can the fleet take calls (a worker answers a ping)
-    mcp.py         the MCP server (the `mcp` SDK): tools/list, tools/call, list changes
-    discovery.py   discovery mode's meta-tools, for catalogs too large to list
+    mcp/           the MCP surface: the SDK server, tasks, asking, discovery mode, stdio
+    rest/          the REST surface under /v1: routes, request bodies, the OpenAPI document
+    console/       the operators' console: server-rendered HTML pages behind a session of their own
     toolserver.py  XAgent ToolServer-compatible routes
-    rest.py        the native REST API; openapi_document.py its OpenAPI document; bodies.py request bodies
-    security.py    who calls (bearer tokens), Origin, body caps; app.py the HTTP application; stdio.py `toolworker mcp`
-    identity.py    principals, their grants and tenants, the access file
-    oauth.py       OAuth 2.1 access tokens (JWT) checked as a resource server; Protected Resource Metadata
-    audit.py       one record per call taken, in a capped Redis stream and the logs (`toolworker audit`)
-    metrics.py     the gateway's Prometheus metrics
+    identity/      who calls: principals and tokens, OAuth, end users' tokens, the audit trail
+
+What every surface shares:
+
+    calls.py       a call through the queue (AsyncToolClient), claimed by callId so a resend is not run twice
+    claims.py      the claims on callIds in Redis; withdraw.py taking a call not yet started off its queue
+    catalog.py     the tools offered: what the workers serve, optionally a tagged subset, followed per version
+    decisions.py   deciding on calls parked for approval
+    headers.py     which of the agent's request headers travel with its calls
+    health.py      can the fleet take calls (a worker answers a ping); metrics.py the Prometheus metrics
+    app.py         the HTTP application that composes the surfaces
 
 The gateway never sends a request to an upstream: every call is a queued call, answered by a worker.
 """

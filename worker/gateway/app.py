@@ -2,23 +2,24 @@
 
     /mcp            MCP over Streamable HTTP (the `mcp` SDK, stateless: any process answers any request)
     /toolserver/*   XAgent ToolServer-compatible routes (toolserver.py)
-    /v1/*           the native REST API (rest.py), described at /v1/openapi.json (openapi_document.py)
-    /v1/connections users' connections to upstreams that act for them, and their consent pages (connections.py)
+    /v1/*           the native REST API (rest/routes.py), described at /v1/openapi.json (rest/document.py)
+    /v1/connections users' connections to upstreams that act for them, and their consent pages
+                    (rest/connections.py)
     /healthz        ready when a worker answers; /metrics
     /console        the operators' console (console/): HTML pages behind a session of its own
     /.well-known/oauth-protected-resource[/mcp]   where to get an access token (with `oauth:` access)
 
 The process keeps no state of its own between requests: calls wait on the queue and their envelopes in
 Redis, so any number of gateway processes can run behind a load balancer, and one can die and restart.
-Every request passes the Guard (security.py) first; it names the request's principal (identity.py).
+Every request passes the Guard (identity/security.py) first; it names the request's principal
+(identity/principals.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import structlog
@@ -31,29 +32,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from worker.gateway import openapi_document, version
+from worker.gateway import version
 from worker.gateway.calls import Calls, open_calls
-from worker.gateway.connections import Connections
 from worker.gateway.console import open_console
 from worker.gateway.console.sources import Extensions, ParkedCalls, UserConnections
-from worker.gateway.identity import AccessFileError, audience, read_access, static_tokens
-from worker.gateway.mcp import McpFront, Mode
-from worker.gateway.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
-from worker.gateway.rest import Rest, error
-from worker.gateway.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
+from worker.gateway.identity.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
+from worker.gateway.identity.principals import AccessFileError, audience, read_access, static_tokens
+from worker.gateway.identity.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
+from worker.gateway.mcp.server import McpFront, Options
+from worker.gateway.rest import document as openapi_document
+from worker.gateway.rest.connections import Connections
+from worker.gateway.rest.routes import Rest, error
 from worker.gateway.toolserver import ToolServer
 from worker.heap import settle_heap
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway")
-
-
-@dataclass
-class Options:
-    """What the command line chooses: the tags offered (all tools when empty) and the MCP mode."""
-
-    tags: Sequence[str] = ()
-    mode: Mode = "all"
 
 
 class _Late:

@@ -35,14 +35,14 @@ from worker.definitions.model import Tool, needs_approval
 from worker.envelope import ToolResult
 from worker.errors import UnknownTool
 from worker.gateway import metrics
-from worker.gateway.audit import AuditTrail, Decision, Record, now_iso
 from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
 from worker.gateway.decisions import Decisions
-from worker.gateway.delegation import Delegation, open_delegation
 from worker.gateway.headers import forwarded
 from worker.gateway.health import FleetHealth
-from worker.gateway.identity import LOCAL, Principal
+from worker.gateway.identity.audit import AuditTrail, Decision, Record, now_iso
+from worker.gateway.identity.delegation import Delegation, open_delegation
+from worker.gateway.identity.principals import LOCAL, Principal
 from worker.gateway.withdraw import withdraw
 from worker.queue import approvals
 from worker.queue.publisher import Publisher

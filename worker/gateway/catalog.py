@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from worker.connections import sync_client
 from worker.definitions import builtin, catalog, file_store, redis_store
 from worker.definitions.model import Tool, ToolSet, Upstream
-from worker.gateway.identity import Grant
+from worker.gateway.identity.principals import Grant
 from worker.http.egress import EgressPolicy
 from worker.settings import Settings
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 import structlog
 
-from worker.gateway.audit import AuditTrail, Decision, now_iso
-from worker.gateway.identity import Principal
+from worker.gateway.identity.audit import AuditTrail, Decision, now_iso
+from worker.gateway.identity.principals import Principal
 from worker.queue import approvals
 from worker.queue.publisher import Publisher
 

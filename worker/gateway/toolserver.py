@@ -29,11 +29,11 @@ from worker.definitions import catalog
 from worker.envelope import ToolResult
 from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import metrics
-from worker.gateway.bodies import BadBody, json_body, loads
 from worker.gateway.calls import QUEUE_FULL_RETRY_AFTER_S, Calls, CallSpec
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import access_token_of, principal_of
+from worker.gateway.identity.principals import access_token_of, principal_of
+from worker.gateway.rest.bodies import BadBody, json_body, loads
 
 MAX_ENV_TOOLS_SHOWN = 50
 NOT_READY = 450

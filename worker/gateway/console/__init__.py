@@ -18,7 +18,7 @@ from worker.gateway.console.gate import Gate
 from worker.gateway.console.pages import Console
 from worker.gateway.console.sessions import Sessions
 from worker.gateway.console.sources import Extensions
-from worker.gateway.identity import StaticTokens
+from worker.gateway.identity.principals import StaticTokens
 from worker.settings import Settings
 
 __all__ = ["Console", "Extensions", "open_console"]

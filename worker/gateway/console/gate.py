@@ -18,8 +18,8 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, Sessions
-from worker.gateway.identity import LOCAL, Principal, StaticTokens
-from worker.gateway.security import is_loopback
+from worker.gateway.identity.principals import LOCAL, Principal, StaticTokens
+from worker.gateway.identity.security import is_loopback
 
 CONSOLE_PATH = "/console"
 

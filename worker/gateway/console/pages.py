@@ -32,13 +32,13 @@ from starlette.routing import Route
 from worker.constants import AUDIT_STREAM_KEY
 from worker.definitions import catalog
 from worker.errors import TenantQueueFull, UnknownTool
-from worker.gateway.audit import action
 from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.console.fleet import Workers, tenant_rows
 from worker.gateway.console.gate import CONSOLE_PATH, Gate, csrf_of
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, new_secret
 from worker.gateway.console.sources import Approvals, Connections, Decision, Extensions, NotWaiting
 from worker.gateway.health import FleetUnavailable
+from worker.gateway.identity.audit import action
 from worker.queue.dead_letter_store import DeadLetterError, DeadLetters, NoSuchItem
 from worker.shards import Shard
 

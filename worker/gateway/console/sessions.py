@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from worker.gateway.identity import Grant, Principal
+from worker.gateway.identity.principals import Grant, Principal
 
 SESSION_PREFIX = "toolworker:console:session:"
 COOKIE = "toolworker_console"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from worker.gateway.decisions import Decisions
-from worker.gateway.delegation import Delegation
-from worker.gateway.identity import Principal
+from worker.gateway.identity.delegation import Delegation
+from worker.gateway.identity.principals import Principal
 from worker.queue.approvals import NotParked
 
 Decision = Literal["approve", "deny"]
@@ -88,7 +88,7 @@ def _why(row: dict[str, str]) -> str:
 
 
 class UserConnections:
-    """The vault's connections (delegation.py), as the console's page shows them: one user's, by name."""
+    """The vault's connections (identity/delegation.py), as the console's page shows them: one user's, by name."""
 
     def __init__(self, delegation: Delegation) -> None:
         self._delegation = delegation

@@ -1,6 +1,6 @@
 """`toolworker mcp`: the MCP server on standard input and output, for desktop MCP clients.
 
-The same server as `/mcp` (mcp.py), over one long-lived connection: a handshake-era client is told of a
+The same server as `/mcp` (server.py), over one long-lived connection: a handshake-era client is told of a
 new definitions version with `notifications/tools/list_changed`. Logs go to standard error; standard
 output carries the protocol only. There are no request headers on stdio, so no per-session headers.
 """
@@ -15,9 +15,8 @@ from pathlib import Path
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.stdio import stdio_server
 
-from worker.gateway.app import Options
 from worker.gateway.calls import open_calls
-from worker.gateway.mcp import McpFront
+from worker.gateway.mcp.server import McpFront, Options
 from worker.settings import Settings
 
 

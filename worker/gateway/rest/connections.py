@@ -31,9 +31,9 @@ from worker.call.connect import CALLBACK_PATH
 from worker.connections import async_client
 from worker.definitions.model import ToolSet, Upstream
 from worker.gateway.calls import Calls
-from worker.gateway.delegation import Delegation, open_delegation
-from worker.gateway.identity import principal_of
-from worker.gateway.rest import error
+from worker.gateway.identity.delegation import Delegation, open_delegation
+from worker.gateway.identity.principals import principal_of
+from worker.gateway.rest.routes import error
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway.connections")

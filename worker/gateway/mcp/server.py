@@ -11,7 +11,7 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
   envelope's `result` (on failure its error message, then the body), with a second text block for what
   the model should know (what was cut, how to continue a listing, a note); `isError` is exitCode != 0;
   `structuredContent` is the parsed JSON answer, and a tool with a response schema lists it as
-  `outputSchema` (mcp_output.py: each protocol generation's shapes, and an answer that does not conform
+  `outputSchema` (output.py: each protocol generation's shapes, and an answer that does not conform
   is a tool error, never a structuredContent a client would reject). `_meta["toolworker/call"]` carries
   callId, statusCode, exitCode, truncated, attempts and durationMs (and pages, next_cursor, cached, age).
   `_meta["toolworker/callId"]` on the request (or an `Idempotency-Key` header) names the call, so a
@@ -37,7 +37,8 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import mcp_types as types
@@ -54,13 +55,17 @@ from worker import tracing
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.errors import TenantQueueFull, UnknownTool
-from worker.gateway import asking, discovery, mcp_output, metrics, version
+from worker.gateway import metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
-from worker.gateway.consent import consent_first
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import LOCAL, Principal, access_token_of, principal_of
-from worker.gateway.tasks import McpTasks, TaskListen, TaskServer
+from worker.gateway.identity.principals import LOCAL, Principal, access_token_of, principal_of
+from worker.gateway.mcp import asking, discovery
+from worker.gateway.mcp import output as mcp_output
+from worker.gateway.mcp.consent import consent_first
+from worker.gateway.mcp.results import CALL_META_KEY, text_result, tool_result
+from worker.gateway.mcp.task_listen import TaskListen
+from worker.gateway.mcp.tasks import McpTasks, TaskServer
 from worker.queue import approvals
 from worker.settings import Settings
 
@@ -68,7 +73,6 @@ log = structlog.get_logger("toolworker.gateway.mcp")
 Mode = Literal["all", "discovery"]
 Context = ServerRequestContext[Any, Any]
 
-CALL_META_KEY = "toolworker/call"
 CALL_ID_META_KEY = "toolworker/callId"
 IDEMPOTENCY_HEADER = "idempotency-key"
 INSTRUCTIONS = (
@@ -88,6 +92,14 @@ _CURSOR_PREFIX = "after:"
 # How often a waiting call reports progress to a client that asked for it.
 PROGRESS_EVERY_S = 1.0
 T = TypeVar("T")
+
+
+@dataclass
+class Options:
+    """What the command line chooses: the tags offered (all tools when empty) and the MCP mode."""
+
+    tags: Sequence[str] = ()
+    mode: Mode = "all"
 
 
 class McpFront:
@@ -113,7 +125,7 @@ class McpFront:
             version=version(),
             instructions=INSTRUCTIONS,
             get_tool_input_schema=self._input_schema,
-            on_subscriptions_listen=TaskListen(self.bus, self.tasks),
+            on_subscriptions_listen=TaskListen(self.bus, self.tasks.watch if self.tasks is not None else None),
         )
         if not tracing.enabled():  # the SDK's span of each request, a no-op that only costs time when not tracing
             server.middleware.clear()  # the SDK's documented opt-out (its one default is that span)
@@ -173,10 +185,10 @@ class McpFront:
         snapshot: Snapshot = self.calls.visible(_principal(ctx))
         try:
             if name != discovery.CALL_TOOL:
-                return _text_result(discovery.answer(name, arguments, snapshot), is_error=False)
+                return text_result(discovery.answer(name, arguments, snapshot), is_error=False)
             discovery.check(name, arguments)
         except discovery.InvalidMetaArguments as exc:
-            return _text_result(str(exc), is_error=True)
+            return text_result(str(exc), is_error=True)
         return await self._call(ctx, params, arguments["name"], dict(arguments.get("arguments") or {}))
 
     async def _call(
@@ -205,9 +217,9 @@ class McpFront:
         except (CallIdConflict, ValueError) as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
         except FleetUnavailable as exc:
-            return _text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
+            return text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
         except TenantQueueFull as exc:
-            return _text_result(exc.message, is_error=True)
+            return text_result(exc.message, is_error=True)
         try:
             envelope = await self._envelope(ctx, submitted)
         except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
@@ -237,12 +249,12 @@ class McpFront:
         question = f"Allow this tool call? {name}: {target}, arguments {json.dumps(arguments, ensure_ascii=False)}"
         answer = await asking.ask_to_confirm(ctx, APPROVAL_INPUT_KEY, question)
         if answer.action == "unsupported":
-            return _text_result(HOW_TO_APPROVE.format(tool=name), is_error=True)
+            return text_result(HOW_TO_APPROVE.format(tool=name), is_error=True)
         if answer.result is not None:  # the question (2026-07-28)
             return dict(answer.result)
         if not answer.accepted:
             text = f"The user did not approve this call to {name} ({answer.action}); it was not sent."
-            return _text_result(text, is_error=True)
+            return text_result(text, is_error=True)
         log.info("gateway.call_approved", tool=name, principal=principal.name)
         return principal.name
 
@@ -308,96 +320,6 @@ class McpFront:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)  # referenced until done: a bare task may be collected
         task.add_done_callback(self._background.discard)
-
-
-def tool_result(
-    envelope: ToolResult | None,
-    call_id: str,
-    waited_s: float,
-    tool: Tool | None = None,
-    entry: Mapping[str, Any] | None = None,
-    protocol_version: str | None = None,
-) -> dict[str, Any]:
-    """The `CallToolResult` of an envelope (or of a call still unanswered after `waited_s`), with the
-    structured content this client's revision takes when the tool's `entry` was listed to it."""
-    if envelope is None:
-        text = (
-            f"The call {call_id} has no result after {waited_s:g} seconds; it may still finish. "
-            f"Its result can be fetched later with GET /v1/calls/{call_id}."
-        )
-        return _text_result(text, is_error=True, meta={CALL_META_KEY: {"callId": call_id, "pending": True}})
-    present, value = mcp_output.structured_content(envelope, protocol_version)
-    not_structured = envelope.exit_code == 0 and mcp_output.declares_schema(entry) and not present
-    notes = [mcp_output.NOT_STRUCTURED] if not_structured else []
-    notes += model_notes(envelope, tool)
-    result = _text_result(
-        result_text(envelope), envelope.exit_code != 0 or not_structured, {CALL_META_KEY: call_meta(envelope)}
-    )
-    if notes:
-        result["content"].append({"type": "text", "text": "\n".join(notes)})
-    if present:
-        result["structuredContent"] = value
-    return result
-
-
-def model_notes(envelope: ToolResult, tool: Tool | None) -> list[str]:
-    """What the model should know besides the answer: what was cut, a note, how to continue a listing."""
-    notes = []
-    if envelope.truncation:
-        notes.append(f"The answer was cut to fit: {envelope.truncation}.")
-    if envelope.note:
-        notes.append(envelope.note)
-    if envelope.next_cursor is not None:
-        param = tool.pagination.param if tool is not None and tool.pagination is not None else "cursor"
-        notes.append(
-            f"{envelope.pages} page(s) read; more remain. To continue, call this tool again with the same "
-            f"arguments and {param}={envelope.next_cursor!r}."
-        )
-    return notes
-
-
-def result_text(envelope: ToolResult) -> str:
-    """What the model reads: the result, or on failure the error message followed by the body, if any."""
-    if envelope.exit_code == 0:
-        return envelope.result
-    message = (envelope.error or {}).get("message") or f"The call failed (exit code {envelope.exit_code})."
-    if not envelope.result:
-        return message
-    label = "The response body (truncated):" if envelope.truncated else "The response body:"
-    return f"{message}\n\n{label}\n{envelope.result}"
-
-
-def call_meta(envelope: ToolResult) -> dict[str, Any]:
-    return {
-        "callId": envelope.call_id,
-        "statusCode": envelope.status_code,
-        "exitCode": envelope.exit_code,
-        "truncated": envelope.truncated,
-        "attempts": envelope.attempts,
-        "durationMs": envelope.duration_ms,
-        **{
-            key: value
-            for key, value in (
-                ("pages", envelope.pages),
-                ("next_cursor", envelope.next_cursor),
-                ("truncation", envelope.truncation),
-                ("cached", envelope.cached or None),
-                ("age", envelope.age),
-            )
-            if value is not None
-        },
-    }
-
-
-def _text_result(text: str, is_error: bool, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "content": [{"type": "text", "text": text}],
-        "isError": is_error,
-        "resultType": "complete",
-    }
-    if meta:
-        result["_meta"] = meta
-    return result
 
 
 def _meta(params: types.RequestParams) -> Mapping[str, Any]:

@@ -1,14 +1,14 @@
 """What every HTTP request passes before a route sees it: who calls (bearer tokens), the Origin of `/mcp`,
 body caps.
 
-- A bearer token names a principal (identity.py): a static token, compared in constant time with each of
+- A bearer token names a principal (principals.py): a static token, compared in constant time with each of
   them every time, or an OAuth 2.1 access token (oauth.py). The principal rides in the request's scope for
   the routes. A 401 says where to get a token (`WWW-Authenticate: Bearer resource_metadata=...`, RFC 9728,
   with `error="invalid_token"` when one was given); a valid access token whose scopes grant no tool is a
   403 `insufficient_scope`. Without tokens the gateway serves loopback only (app.py binds it so);
   `/healthz` and the Protected Resource Metadata need no token; nor does `/console`, whose pages check a
   session of their own (gateway/console/gate.py).
-- A connect link and the OAuth callback (connections.py) are a browser's, without a bearer token.
+- A connect link and the OAuth callback (rest/connections.py) are a browser's, without a bearer token.
 - A browser page may reach `/mcp` only from an allowed Origin (DNS rebinding, drive-by pages); a
   request without Origin (not a browser) passes.
 - A body larger than `TOOLWORKER_GATEWAY_MAX_BODY_BYTES` is refused (413) before any route reads it.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.call.connect import CALLBACK_PATH
-from worker.gateway.identity import ACCESS_TOKEN_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, Principal, StaticTokens
-from worker.gateway.oauth import WELL_KNOWN_RESOURCE_PATH, InvalidToken, IssuerUnavailable, JwtVerifier
+from worker.gateway.identity.oauth import WELL_KNOWN_RESOURCE_PATH, InvalidToken, IssuerUnavailable, JwtVerifier
+from worker.gateway.identity.principals import ACCESS_TOKEN_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, Principal, StaticTokens
 
 OPEN_PATHS = frozenset({"/healthz"})
 # The operators' console signs its users in with a session of its own (gateway/console/): no bearer token.
@@ -227,7 +227,7 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 def is_open_path(path: str) -> bool:
     """A browser's routes: the console (its pages check a session of their own), a connect link
     (`/v1/connections/{upstream}/authorize`, its ticket is the credential) and the authorization server's
-    redirect back (connections.py)."""
+    redirect back (rest/connections.py)."""
     if path in (CALLBACK_PATH, CONSOLE_PREFIX) or path.startswith(CONSOLE_PREFIX + "/"):
         return True
     parts = path.split("/")

@@ -1,4 +1,4 @@
-"""The native REST API under `/v1` (described by openapi_document.py), plus `/healthz` and `/metrics`.
+"""The native REST API under `/v1` (described by document.py), plus `/healthz` and `/metrics`.
 
     POST   /v1/calls              one call: 200 with its envelope, or 202 with its callId (wait: false,
                                   or no envelope within waitSeconds)
@@ -37,7 +37,6 @@ from worker.definitions import catalog
 from worker.envelope import ToolResult
 from worker.errors import CallbackRefused, TenantQueueFull, UnknownTool
 from worker.gateway import metrics
-from worker.gateway.bodies import BadBody, json_body, parse
 from worker.gateway.calls import (
     MAX_CALL_ID_CHARS,
     QUEUE_FULL_RETRY_AFTER_S,
@@ -48,7 +47,8 @@ from worker.gateway.calls import (
 )
 from worker.gateway.decisions import NotAllowed
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity import access_token_of, principal_of
+from worker.gateway.identity.principals import access_token_of, principal_of
+from worker.gateway.rest.bodies import BadBody, json_body, parse
 from worker.protocol import MAX_CALLBACK_URL_CHARS
 from worker.queue.approvals import NotParked
 

@@ -1,6 +1,6 @@
 """The benchmark upstream, run as its own process: a fixed latency and body size per request.
 
-    python -m benchmarks.upstream --port 8080 [--latency-ms 100] [--body-bytes 1048576]
+    python -m benchmarks.harness.upstream --port 8080 [--latency-ms 100] [--body-bytes 1048576]
 
 Bodies are JSON (`{"data": "xxx…"}`) of exactly `--body-bytes` bytes, streamed in chunks so that a
 100 MB body never sits in memory. `/ready` answers at once; `/_stats` reports the requests in flight

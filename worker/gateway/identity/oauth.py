@@ -28,7 +28,7 @@ from pydantic import AnyHttpUrl
 from starlette.routing import Route
 
 from worker.constants import DEFAULT_TENANT, TENANT_PATTERN
-from worker.gateway.identity import NOTHING, Grant, OAuthSpec, Principal
+from worker.gateway.identity.principals import NOTHING, Grant, OAuthSpec, Principal
 
 log = structlog.get_logger("toolworker.gateway.oauth")
 _REQUIRED_CLAIMS = ["exp", "iss", "aud"]

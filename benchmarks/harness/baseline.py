@@ -2,7 +2,7 @@
 
 Its own app on the benchmark's Redis, with a queue of its own. The worker is started as
 
-    BASELINE_REDIS_URL=redis://… celery -A benchmarks.baseline worker -P prefork -c 2 -Q baseline
+    BASELINE_REDIS_URL=redis://… celery -A benchmarks.harness.baseline worker -P prefork -c 2 -Q baseline
 
 and the benchmark enqueues with `fetch.delay(url)` and collects with `.get()` after `configure(url)`.
 Everything else is Celery's defaults, as in a first version written by hand.

@@ -13,7 +13,8 @@ it ended. Another principal's task is "not found", like one that never existed o
   `tools/call` with `params.task` → `CreateTaskResult`, `tasks/get`, `tasks/result` (blocks until the
   task ends, and sends `notifications/tasks/status` on its stream first), `tasks/list`, `tasks/cancel`.
 - Push (2026-07-28): a `subscriptions/listen` whose filter names `taskIds` gets `notifications/tasks` (the
-  task as `tasks/get` gives it) on each change of those tasks, read from Redis every poll interval.
+  task as `tasks/get` gives it) on each change of those tasks, read from Redis every poll interval
+  (task_listen.py). How each generation shows a task: task_views.py.
 
 Built on the SDK's extension points: `Server.extensions` (what `server/discover` advertises),
 `add_request_handler` (the `tasks/*` methods), `Server.middleware` (the SDK serves 2025-11-25 without tasks
@@ -34,28 +35,35 @@ import asyncio
 import base64
 import binascii
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 import structlog
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.lowlevel.server import Server
-from mcp.server.subscriptions import ListenHandler, SubscriptionBus
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY, ServerEvent, event_matches, event_to_notification
 from mcp_types import methods as wire_methods
 from mcp_types.jsonrpc import HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from starlette.requests import Request
 
 from worker.constants import MAX_CALL_TIMEOUT_S
 from worker.definitions.model import Tool
-from worker.envelope import ToolResult
 from worker.gateway.calls import Calls, CallSpec
-from worker.gateway.identity import LOCAL, Principal, principal_of
-from worker.gateway.task_store import Cursor, TaskRecord, TaskStore, new_task_id, now_iso
+from worker.gateway.mcp.task_listen import Notification, TaskWatch, principal, send
+from worker.gateway.mcp.task_store import Cursor, TaskRecord, TaskStore, new_task_id, now_iso
+from worker.gateway.mcp.task_views import (
+    RELATED_TASK_META_KEY,
+    Generation,
+    TaskView,
+    detailed,
+    task_2025,
+    task_2026,
+    task_result,
+    view_of,
+)
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -66,17 +74,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("toolworker.gateway.tasks")
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 MCP_NAME_HEADER = "mcp-name"
 # tasks/result waits for the envelope in slices, looking again at the record (a cancel) between them.
 RESULT_SLICE_S = 2.0
 LIST_PAGE_SIZE = 50
-# A listen stream's bound on list-changed events waiting to be sent, and on the tasks it watches.
-LISTEN_BACKLOG = 1024
-MAX_LISTENED_TASKS = 100
-Generation = Literal["2026", "2025"]
-Status = Literal["working", "input_required", "completed", "failed", "cancelled"]
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
 CallHandler = Callable[["Context", types.CallToolRequestParams], Awaitable[dict[str, Any]]]
 
 WITHDRAWN_MESSAGE = "Cancelled before it started: the call was taken off its queue and never sent upstream."
@@ -101,26 +102,6 @@ class UpdateParams(TaskIdParams):
 class ListParams(types.RequestParams):
     model_config = ConfigDict(extra="allow")
     cursor: str | None = None
-
-
-@dataclass(frozen=True)
-class TaskView:
-    """A task as it stands: its record and, once the call is answered, its envelope."""
-
-    record: TaskRecord
-    envelope: ToolResult | None
-
-    @property
-    def status(self) -> Status:
-        if self.record.status == "cancelled":
-            return "cancelled"
-        if self.envelope is not None:
-            return "completed"
-        return self.record.status
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
 
 
 class TaskServer(Server[Any]):
@@ -155,6 +136,7 @@ class McpTasks:
         self.max_ttl_ms = max_ttl_s * 1000
         self.poll_ms = poll_ms
         self._call_tool: CallHandler | None = None
+        self.watch = TaskWatch(calls, store, poll_ms)
 
     def install(self, server: Server[Any], call_tool: CallHandler) -> None:
         """Advertise tasks and serve their methods on `server`; `call_tool` is the front end's `tools/call`
@@ -235,16 +217,16 @@ class McpTasks:
         log.info("gateway.task_created", taskId=task_id, tool=tool.name, generation=generation)
         view = TaskView(record, None)
         if generation == "2026":
-            return {**_task_2026(view), "resultType": "task"}
-        return {"task": _task_2025(view)}
+            return {**task_2026(view), "resultType": "task"}
+        return {"task": task_2025(view)}
 
     # --- tasks/get, tasks/result, tasks/list --------------------------------------------------------
 
     async def get(self, ctx: Context, params: TaskIdParams) -> dict[str, Any]:
         view = await self._view(ctx, params.task_id)
         if _generation(ctx) == "2025":
-            return _task_2025(view)
-        return {**_detailed(view), "resultType": "complete"}
+            return task_2025(view)
+        return {**detailed(view), "resultType": "complete"}
 
     async def result(self, ctx: Context, params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: the call's tool result, once the task has ended (it waits)."""
@@ -256,14 +238,14 @@ class McpTasks:
         await _tell_status(ctx, view)
         if view.envelope is None or view.status != "completed":
             raise MCPError(code=types.INVALID_PARAMS, message=f"Task {params.task_id} was cancelled: it has no result.")
-        return _tool_result(view.envelope, view.record.task_id, "2025")
+        return task_result(view.envelope, view.record.task_id, "2025")
 
     async def list_tasks(self, ctx: Context, params: ListParams) -> dict[str, Any]:
         _only(ctx, "2025")
         after = _decode_cursor(params.cursor)
-        records, more = await self.store.page(_principal(ctx).name, after, LIST_PAGE_SIZE)
-        views = await asyncio.gather(*(self._envelope_view(record) for record in records))
-        answer: dict[str, Any] = {"tasks": [_task_2025(view) for view in views]}
+        records, more = await self.store.page(principal(ctx).name, after, LIST_PAGE_SIZE)
+        views = await asyncio.gather(*(view_of(self.calls, record) for record in records))
+        answer: dict[str, Any] = {"tasks": [task_2025(view) for view in views]}
         if more is not None:
             answer["nextCursor"] = _encode_cursor(more)
         return answer
@@ -290,7 +272,7 @@ class McpTasks:
             raise MCPError(
                 code=types.INVALID_PARAMS, message=f"Task {params.task_id} has already ended ({view.status})."
             )
-        return _task_2025(view) if generation == "2025" else {"resultType": "complete"}
+        return task_2025(view) if generation == "2025" else {"resultType": "complete"}
 
     async def _cancel(self, view: TaskView, generation: Generation) -> TaskView:
         record = view.record
@@ -305,80 +287,14 @@ class McpTasks:
             return TaskView(await self.store.update(record, status="cancelled", status_message=RUNNING_2025), None)
         return TaskView(await self.store.update(record, status_message=RUNNING_2026), None)
 
-    # --- notifications/tasks on subscriptions/listen (2026-07-28) ------------------------------------
-
-    async def listen(
-        self, ctx: Context, requested: types.SubscriptionFilter, task_ids: list[str], bus: SubscriptionBus
-    ) -> types.SubscriptionsListenResult:
-        """A listen stream whose filter names `taskIds`: `notifications/tasks` (the task as `tasks/get` gives it)
-        whenever one of them changes, beside the list-changed events the filter also asks for. It ends once
-        every named task has ended, unless it listens for those too. Another principal's task is never told of.
-        """
-        meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
-        honored = types.SubscriptionFilter.model_validate(
-            {**requested.model_dump(by_alias=True, exclude_none=True), "taskIds": task_ids}
-        )
-        events: asyncio.Queue[ServerEvent] = asyncio.Queue(maxsize=LISTEN_BACKLOG)
-        uris = frozenset(honored.resource_subscriptions or ())
-
-        def deliver(event: ServerEvent) -> None:
-            if event_matches(honored, uris, event) and not events.full():
-                events.put_nowait(event)
-
-        unsubscribe = bus.subscribe(deliver)
-        try:
-            acknowledged = types.SubscriptionsAcknowledgedNotificationParams(notifications=honored, _meta=meta)
-            await _send(ctx, types.SubscriptionsAcknowledgedNotification(params=acknowledged))
-            keep_open = any(
-                (requested.tools_list_changed, requested.prompts_list_changed, requested.resources_list_changed, uris)
-            )
-            await self._watch(ctx, task_ids, events, meta, keep_open)
-        finally:
-            unsubscribe()
-        return types.SubscriptionsListenResult(_meta=meta)
-
-    async def _watch(
-        self,
-        ctx: Context,
-        task_ids: list[str],
-        events: asyncio.Queue[ServerEvent],
-        meta: dict[str, Any],
-        keep_open: bool,
-    ) -> None:
-        principal, told = _principal(ctx).name, dict[str, Any]()
-        watched: list[str] = list(dict.fromkeys(task_ids))
-        while watched or keep_open:
-            for task_id in list(watched):
-                record = await self.store.get(task_id, principal)
-                view = None if record is None else await self._envelope_view(record)
-                if view is None or view.terminal:
-                    watched.remove(task_id)
-                if view is None:
-                    continue
-                detailed = _detailed(view)
-                now = {key: value for key, value in detailed.items() if key != "lastUpdatedAt"}
-                if told.get(task_id) != now:
-                    told[task_id] = now
-                    await _send(ctx, _Notification(method="notifications/tasks", params={**detailed, "_meta": meta}))
-            try:
-                event = await asyncio.wait_for(events.get(), self.poll_ms / 1000)
-            except TimeoutError:
-                continue
-            await _send(ctx, event_to_notification(event, meta))
-
     # --- reading ------------------------------------------------------------------------------------
 
     async def _view(self, ctx: Context, task_id: str) -> TaskView:
         _check_name_header(ctx, task_id)
-        record = await self.store.get(task_id, _principal(ctx).name)
+        record = await self.store.get(task_id, principal(ctx).name)
         if record is None:  # one answer for unknown, expired and another principal's
             raise MCPError(code=types.INVALID_PARAMS, message=f"Task {task_id} not found")
-        return await self._envelope_view(record)
-
-    async def _envelope_view(self, record: TaskRecord) -> TaskView:
-        if record.status == "cancelled":
-            return TaskView(record, None)
-        return TaskView(record, await self.calls.wait(record.task_id, 0.0))
+        return await view_of(self.calls, record)
 
     # --- 2025-11-25 tools/call ------------------------------------------------------------------------
 
@@ -401,98 +317,13 @@ class McpTasks:
         return wire_methods.serialize_server_result("tools/call", ctx.protocol_version, answer)
 
 
-def _detailed(view: TaskView) -> dict[str, Any]:
-    """A 2026-07-28 task with its outcome inline: the tool result, the input requests, or the error."""
-    answer = _task_2026(view)
-    if view.status == "completed" and view.envelope is not None:
-        answer["result"] = _tool_result(view.envelope, view.record.task_id, "2026")
-    elif view.status == "input_required":
-        answer["inputRequests"] = view.record.input_requests or {}
-    elif view.status == "failed":
-        answer["error"] = {"code": types.INTERNAL_ERROR, "message": view.record.status_message or "failed"}
-    return answer
-
-
-def _task_2026(view: TaskView) -> dict[str, Any]:
-    record = view.record
-    answer: dict[str, Any] = {
-        "taskId": record.task_id,
-        "status": view.status,
-        "createdAt": record.created_at,
-        "lastUpdatedAt": _last_updated(view),
-        "ttlMs": record.ttl_ms,
-        "pollIntervalMs": record.poll_interval_ms,
-    }
-    message = _status_message(view)
-    if message:
-        answer["statusMessage"] = message
-    return answer
-
-
-def _task_2025(view: TaskView) -> dict[str, Any]:
-    answer = _task_2026(view)
-    answer["ttl"] = answer.pop("ttlMs")
-    answer["pollInterval"] = answer.pop("pollIntervalMs")
-    return answer
-
-
-def _status_message(view: TaskView) -> str | None:
-    if view.status == "completed" and view.envelope is not None:
-        ended = "succeeded" if view.envelope.exit_code == 0 else f"failed (exit code {view.envelope.exit_code})"
-        return f"The call {ended}; the tool result tells more."
-    return view.record.status_message
-
-
-def _last_updated(view: TaskView) -> str:
-    """The record's last change; for a completed task, now (the envelope carries no time of its own)."""
-    return now_iso() if view.status == "completed" else view.record.last_updated_at
-
-
-def _tool_result(envelope: ToolResult, task_id: str, generation: Generation) -> dict[str, Any]:
-    from worker.gateway.mcp import tool_result  # the one shape of a call's tool result
-
-    answer = tool_result(envelope, task_id, 0.0)
-    if generation == "2025":
-        answer.pop("resultType", None)
-        answer["_meta"] = {**answer.get("_meta", {}), RELATED_TASK_META_KEY: {"taskId": task_id}}
-    return answer
-
-
 async def _tell_status(ctx: Context, view: TaskView) -> None:
     """`notifications/tasks/status` on the `tasks/result` request's own stream (where one is open)."""
-    params = {**_task_2025(view), "_meta": {RELATED_TASK_META_KEY: {"taskId": view.record.task_id}}}
+    params = {**task_2025(view), "_meta": {RELATED_TASK_META_KEY: {"taskId": view.record.task_id}}}
     try:
-        await _send(ctx, _Notification(method="notifications/tasks/status", params=params))
+        await send(ctx, Notification(method="notifications/tasks/status", params=params))
     except Exception as exc:  # a client that cannot take it still gets the result
         log.info("gateway.task_status_not_sent", taskId=view.record.task_id, error=str(exc))
-
-
-async def _send(ctx: Context, notification: BaseModel) -> None:
-    """A notification on the request's own stream (the SDK types only the core vocabulary; it sends any model)."""
-    await ctx.session.send_notification(notification, related_request_id=ctx.request_id)  # type: ignore[arg-type]
-
-
-class TaskListen:
-    """`subscriptions/listen`: the SDK's handler, unless the filter names `taskIds` (the tasks extension's key,
-    which the SDK's handler does not know): then McpTasks.listen."""
-
-    def __init__(self, bus: SubscriptionBus, tasks: McpTasks | None) -> None:
-        self._bus = bus
-        self._sdk = ListenHandler(bus)
-        self._tasks = tasks
-
-    async def __call__(self, ctx: Context, params: types.SubscriptionsListenRequestParams) -> Any:
-        task_ids = (params.notifications.model_extra or {}).get("taskIds")
-        if self._tasks is None or not task_ids:
-            return await self._sdk(ctx, params)
-        if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
-            raise MCPError(code=types.INVALID_PARAMS, message="taskIds must be a list of task ids")
-        return await self._tasks.listen(ctx, params.notifications, task_ids[:MAX_LISTENED_TASKS], self._bus)
-
-
-class _Notification(BaseModel):
-    method: str
-    params: dict[str, Any]
 
 
 def _generation(ctx: Context) -> Generation:
@@ -520,10 +351,6 @@ def _check_name_header(ctx: Context, task_id: str) -> None:
     named = ctx.request.headers.get(MCP_NAME_HEADER)
     if named is not None and named != task_id:
         raise MCPError(code=HEADER_MISMATCH, message="The Mcp-Name header does not match params.taskId.")
-
-
-def _principal(ctx: Context) -> Principal:
-    return principal_of(ctx.request.scope) if isinstance(ctx.request, Request) else LOCAL
 
 
 def _encode_cursor(cursor: Cursor) -> str:

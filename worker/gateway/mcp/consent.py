@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from worker.definitions.model import Upstream
-from worker.gateway.asking import Context, answered, ask_to_visit
-from worker.gateway.delegation import Delegation
+from worker.gateway.identity.delegation import Delegation
+from worker.gateway.mcp.asking import Context, answered, ask_to_visit
 
 CONNECT_KEY_PREFIX = "connect:"
 
