@@ -84,6 +84,13 @@ OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
 $(OIDC_PROVIDER):
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
 
+# The reference MCP server (tests/test_mcp_upstreams.py, benchmarks/mcp_upstream.py): `node dist/index.js
+# streamableHttp`, its port from PORT; into the same folder as oidc-provider.
+MCP_EVERYTHING := $(VENV)/node/node_modules/@modelcontextprotocol/server-everything/package.json
+
+$(MCP_EVERYTHING):
+	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error @modelcontextprotocol/server-everything@2026.8.31
+
 # Real MCP task clients for tests/test_mcp_tasks.py, each in a virtual environment of its own under the
 # venv (their `mcp` versions differ from ours): FastMCP 4's SEP-2663 client (4.1.2: later 4.1.x want a
 # certifi the registry lacks) and the `mcp` SDK 1.x's experimental 2025-11-25 task API (1.30, the last).
@@ -120,7 +127,7 @@ TEST_PROCESSES ?= 4
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder)
 
 # The checks first, side by side (each output kept whole); the suite only once all of them pass.
-test: install $(OIDC_PROVIDER) $(CHROMIUM) task-clients
+test: install $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint check-deploy docs
 	$(BIN)/pytest $(XDIST)
 
@@ -128,7 +135,7 @@ test: install $(OIDC_PROVIDER) $(CHROMIUM) task-clients
 test-fast: install
 	$(BIN)/pytest -m "not integration" $(XDIST)
 
-bench: install
+bench: install $(MCP_EVERYTHING)
 	$(BIN)/python -m benchmarks.run
 
 # Where a worker's CPU goes: py-spy samples one worker process during bursts of calls (benchmarks/worker_cpu.py);

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from worker.definitions.model import Problem
 from worker.definitions.readers.openapi import import_openapi
 from worker.definitions.readers.openapi.refs import Node, Resolver
-from worker.gateway.rest import connections, routes
+from worker.gateway.rest import connections, routes, upstreams
 from worker.gateway.rest import document as document_module
 from worker.gateway.rest.bodies import BadBody, json_body, parse
 from worker.gateway.rest.document import document
@@ -133,7 +133,11 @@ def test_the_routes_served_are_the_operations_documented() -> None:
     with the same method and path; nothing else is documented."""
     served_routes = [
         (method.lower(), route.path_format)
-        for owner, table in ((object(), routes.OPERATIONS), (object(), connections.OPERATIONS))
+        for owner, table in (
+            (object(), routes.OPERATIONS),
+            (object(), connections.OPERATIONS),
+            (object(), upstreams.OPERATIONS),
+        )
         for route in served(table, owner)
         for method in route.methods or ()
         if method != "HEAD"
