@@ -210,3 +210,43 @@ def test_killed_gateway_restarted_answers_the_queued_calls(
     assert [e["exitCode"] for e in envelopes] == [0, 0, 0]
     for item in items:
         assert gateway_stack.upstream_state.hits_to(f"/echo/held/{item}") == 1
+
+
+def test_a_call_is_answered_only_to_its_principal_and_operators(
+    gateway_stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """GET and DELETE /v1/calls/{callId} answer the principal that made the call and one with `operate`;
+    another principal gets 404, as for a call that never was, and cannot reuse the callId (409)."""
+    directory = tmp_path_factory.mktemp("owners")
+    access = directory / "access.yaml"
+    alice, bob, ops = "alice-token-4d1f9", "bob-token-a72c0", "ops-token-93be1"
+    access.write_text(
+        "tokens:\n"
+        f'  alice: {{token: "{alice}", tools: ["*"]}}\n'
+        f'  bob: {{token: "{bob}", tools: ["*"]}}\n'
+        f'  ops: {{token: "{ops}", tools: ["*"], grants: [operate]}}\n'
+    )
+    env = gateway_env(gateway_stack.redis.url, TOOLWORKER_GATEWAY_ACCESS=str(access), TOOLWORKER_GATEWAY_TOKENS="")
+    gateway = start_gateway(env, directory / "gateway.log")
+
+    def send(method: str, path: str, token: str, **kwargs: Any) -> httpx2.Response:
+        return httpx2.request(method, f"{gateway.url}{path}", headers=auth(token), timeout=60, **kwargs)
+
+    try:
+        answered = send("POST", "/v1/calls", alice, json={"tool": "echo_get", "arguments": {"item": "mine"}})
+        held_body = {"tool": "held_echo", "arguments": {"item": f"o-{uuid.uuid4().hex[:8]}"}, "wait": False}
+        held = send("POST", "/v1/calls", alice, json=held_body).json()["callId"]
+        done = answered.json()["callId"]
+        assert answered.status_code == 200, answered.text
+        for call_id in (done, held):
+            unknown = send("GET", f"/v1/calls/{call_id}", bob)
+            assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "unknown_call"
+            assert send("DELETE", f"/v1/calls/{call_id}", bob).status_code == 404
+        reused = send("POST", "/v1/calls", bob, json={**held_body, "callId": held})
+        assert reused.status_code == 409 and reused.json()["error"]["type"] == "call_id_conflict"
+        assert send("GET", f"/v1/calls/{done}", alice).json() == answered.json()
+        assert send("GET", f"/v1/calls/{done}", ops).json() == answered.json()
+        assert send("GET", f"/v1/calls/{held}", alice).status_code == 202
+        assert send("DELETE", f"/v1/calls/{held}", ops).json() == {"callId": held, "withdrawn": True}
+    finally:
+        gateway.stop()

@@ -41,6 +41,7 @@ LAYERS: list[frozenset[str]] = [
             "worker.tracing",
             "worker.heap",
             "worker.shards",
+            "worker.sealing",
         }
     ),
 ]

@@ -4,6 +4,7 @@ the gateway's first 401 naming its scopes."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -16,11 +17,13 @@ from structlog.testing import capture_logs
 
 from worker.call import connect as connect_module
 from worker.call.connect import ConnectLinks
+from worker.call.renewal import SEND_MARGIN_S
 from worker.call.vault import Keyring, TokenSet, Vault, VaultKeyError, record_key
 from worker.definitions import file_store
 from worker.gateway.identity.oauth import JwtVerifier
 from worker.gateway.identity.principals import GrantSpec, OAuthSpec, StaticTokens
 from worker.gateway.identity.security import Gatekeeper, Refusal, is_open_path
+from worker.http.delegated import Issued, expiry
 
 
 def key(kid: str, byte: bytes) -> str:
@@ -151,3 +154,28 @@ def test_unusable_vault_keys_stop_a_process_at_start(command: str) -> None:
     assert done.returncode == 78, done.stderr
     assert "TOOLWORKER_VAULT_KEYS: 'k1' is not `kid:BASE64(32 bytes)`" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _segment(part: dict[str, object]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=")
+
+
+def _jwt(claims: dict[str, object]) -> str:
+    """An unsigned JWT (only its claims are read, to know its expiry)."""
+    return f"{_segment({'alg': 'none'})}.{_segment(claims)}.sig"
+
+
+def test_a_tokens_expiry_runs_from_the_request_and_ends_by_its_own_exp() -> None:
+    """expires_in counts from when the token was asked for; a JWT's `exp` (the upstream's clock, whole
+    seconds) ends it sooner when it says so; an opaque token without expires_in has no known expiry."""
+    assert expiry(Issued("opaque", None, 5.0, ()), sent_at=1000.0) == 1005.0
+    assert expiry(Issued(_jwt({"exp": 1004}), None, 5.0, ()), sent_at=1000.4) == 1004.0
+    assert expiry(Issued(_jwt({"exp": 1009}), None, 5.0, ()), sent_at=1000.0) == 1005.0
+    assert expiry(Issued(_jwt({"exp": 1009}), None, None, ()), sent_at=1000.0) == 1009.0
+    assert expiry(Issued("opaque", None, None, ()), sent_at=1000.0) == 0.0
+
+
+def test_a_token_is_not_usable_within_the_send_margin_of_its_expiry() -> None:
+    """A token with less than SEND_MARGIN_S left is not handed to a call (it would expire on its way)."""
+    tokens = TokenSet("at", None, expires_at=100.0, obtained_at=95.0)
+    assert tokens.usable(100.0 - SEND_MARGIN_S - 0.01) and not tokens.usable(100.0 - SEND_MARGIN_S + 0.01)

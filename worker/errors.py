@@ -126,6 +126,14 @@ class TenantQueueFull(DeadlineExceeded):
         self.limit = limit
 
 
+class CredentialExpiring(DeadlineExceeded):
+    """The call's access token would expire before the upstream received it (the call waited after taking
+    it): it is not sent; the call takes a renewed token instead (this reaches an envelope only when that
+    one would expire too)."""
+
+    type = "credential_expiring"
+
+
 class ApprovalExpired(DeadlineExceeded):
     """A call parked for a human's approval that nobody approved within TOOLWORKER_APPROVAL_TTL_SECONDS."""
 

@@ -58,6 +58,9 @@ class ToolCall(BaseModel):
     # Factories, not `{}`: pydantic deep-copies a mutable default for every message that leaves it out.
     arguments: dict[str, Any] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
+    # The headers sealed with the vault's keys (worker/sealing.py), in place of `headers`: opened only by the
+    # worker that sends the call (worker/call/call_headers.py), so parked and queued calls keep them sealed.
+    sealed_headers: str | None = Field(None, alias="sealedHeaders", min_length=1, max_length=1024 * 1024)
     session_id: str | None = Field(None, alias="sessionId")
     timeout_s: float | None = Field(None, alias="timeoutSeconds", gt=0, le=MAX_CALL_TIMEOUT_S)
     deadline: datetime | None = None

@@ -1,6 +1,7 @@
 """A protected upstream for the vault's tests: it accepts only access tokens (JWT) an authorization server
 issued for it (signature from the issuer's JWKS, `iss`, `aud`, `exp`), answers `/me` with the token's
-`sub`, and remembers every token it was shown (to count refreshes). Tokens put in `refused` get a 401."""
+`sub`, and remembers every token it was shown (to count refreshes) and every one it refused with a 401 (an
+upstream that counts failed authentications). Tokens put in `refused` get a 401."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class Guarded:
     audience: str = ""
     seen: list[str] = field(default_factory=list)
     refused: set[str] = field(default_factory=set)
+    # Each token answered 401 (expired, or put in `refused`), in order.
+    refusals: list[str] = field(default_factory=list)
     _keys: jwt.PyJWKClient | None = None
 
     def subject(self, token: str) -> str | None:
@@ -38,6 +41,7 @@ def protected_upstream(guarded: Guarded) -> web.Application:
         guarded.seen.append(token)
         sub = None if token in guarded.refused else guarded.subject(token)
         if sub is None:
+            guarded.refusals.append(token)
             return web.json_response({"error": "invalid_token"}, status=401)
         return web.json_response({"sub": sub})
 

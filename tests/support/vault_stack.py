@@ -23,7 +23,7 @@ from worker.dev.embedded import EmbeddedRedis, free_port
 VAULT_KEY = "k1:" + base64.b64encode(b"v" * 32).decode()
 PEOPLE_SECRET = "people-secret-0123456789abcdef"
 EXCHANGE_SECRET = "exchange-secret-0123456789abcdef"
-USERS = ("alice", "bob", "carol", "dave", "eve", "frank", "grace", "henry", "ivy", "judy", "kate")
+USERS = ("alice", "bob", "carol", "dave", "eve", "frank", "grace", "henry", "ivy", "judy", "kate", "leo", "mia")
 ALICE_TOKEN, BOB_TOKEN, CAROL_TOKEN, DAVE_TOKEN, EVE_TOKEN, FRANK_TOKEN, GRACE_TOKEN = (
     f"{n}-static-token-0123456789" for n in USERS[:7]
 )
@@ -49,6 +49,18 @@ upstreams:
       client_secret: ${{env:TEST_PEOPLE_SECRET}}
       scopes: [openid, offline_access, people.read]
       extra_params: {{resource: "{resource}"}}
+  people_limited:
+    # The same API behind a rate limit: calls wait for their slot after they took the user's token.
+    base_url: ${{env:TEST_UPSTREAM_URL}}
+    timeout_seconds: 10
+    rate_limit: {{per_second: 6, burst: 1}}
+    auth:
+      type: oauth2_user
+      issuer: {issuer}
+      client_id: people-app
+      client_secret: ${{env:TEST_PEOPLE_SECRET}}
+      scopes: [openid, offline_access, people.read]
+      extra_params: {{resource: "{resource}"}}
   people_exchanged:
     base_url: ${{env:TEST_UPSTREAM_URL}}
     timeout_seconds: 10
@@ -63,6 +75,11 @@ tools:
   - name: whoami
     upstream: people
     description: Who the upstream says the user is.
+    input_schema: {{type: object, properties: {{}}}}
+    request: {{method: GET, path: /me}}
+  - name: whoami_limited
+    upstream: people_limited
+    description: Who the upstream says the user is, within its rate limit.
     input_schema: {{type: object, properties: {{}}}}
     request: {{method: GET, path: /me}}
   - name: whoami_exchanged

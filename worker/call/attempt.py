@@ -13,6 +13,7 @@ from worker import errors, metrics, tracing
 from worker.call import ratelimit
 from worker.call.admission import MAX_RATE_WAIT_S
 from worker.call.circuit import CircuitBreaker
+from worker.call.renewal import SEND_MARGIN_S
 from worker.call.runtime import Runtime, pool_spec
 from worker.definitions.model import Upstream
 from worker.http.egress import EgressPolicy
@@ -46,6 +47,7 @@ class Attempt:
         budget = min(self.upstream.timeout_s, self.deadline - time.time())
         if budget <= 0:
             raise errors.TimedOut("The call ran out of time before the upstream answered.")
+        self._check_credential()
         request = self.request
         if tracing.enabled():  # the upstream's spans join the call's trace
             request = replace(request, headers=tracing.propagation(request.headers))
@@ -62,6 +64,13 @@ class Attempt:
             raise
         self._record(failed=response.status >= 500)
         return response
+
+    def _check_credential(self) -> None:
+        """After the waits (rate limit, a retry's backoff): an access token about to expire is not sent, as
+        the upstream would refuse it (and may count the failed authentication); the call renews it."""
+        expires_at = self.request.credential_expires_at
+        if expires_at and time.time() + SEND_MARGIN_S >= expires_at:
+            raise errors.CredentialExpiring("The user's access token would expire before the upstream received it.")
 
     def _record(self, failed: bool) -> None:
         if self.breaker is None:

@@ -36,7 +36,9 @@ from worker.protocol import ToolCall
 TOKEN_KEY_PREFIX = "toolworker:oauth:"
 # Where a call for a user finds the user's token for an upstream (delegated.py's UserTokens.token, the vault):
 # (user, upstream, environ, transport, deadline, stale token) -> the access token.
-UserToken = Callable[[str | None, Upstream, Mapping[str, str], HttpTransport, float, str | None], Awaitable[str]]
+UserToken = Callable[
+    [str | None, Upstream, Mapping[str, str], HttpTransport, float, str | None], Awaitable[tuple[str, float]]
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +137,8 @@ async def authorize(
     if auth.delegated:  # the call's user's own token, from the vault
         if user_token is None:
             raise errors.ToolMisconfigured("This tool acts for its user, and this worker has no vault.")
-        token = await user_token(call.user, upstream, env, transport, deadline, stale)
+        token, expires_at = await user_token(call.user, upstream, env, transport, deadline, stale)
+        request = replace(request, credential_expires_at=expires_at)  # checked again just before sending
         return _with_header(request, "Authorization", f"Bearer {token}", token), token
     user = _per_call(auth, call)
     if user is not None:

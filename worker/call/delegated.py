@@ -94,6 +94,7 @@ class UserTokens:
         clock: Clock = time.time,
     ) -> None:
         self.vault = Vault(redis, keyring) if redis is not None and keyring else None
+        self.keyring = keyring  # also opens the calls' sealed headers (worker/call/call_headers.py)
         self.links = links
         self.directory = Directory()
         self._audit_maxlen = audit_maxlen
@@ -107,8 +108,9 @@ class UserTokens:
         transport: HttpTransport,
         deadline: float,
         stale: str | None,
-    ) -> str:
-        """The user's access token for the upstream, not `stale`; AuthorizationRequired without one."""
+    ) -> tuple[str, float]:
+        """The user's access token for the upstream, not `stale`, and when it expires (0: unknown);
+        AuthorizationRequired without one."""
         auth = upstream.auth
         assert auth is not None
         if self.vault is None:
@@ -137,9 +139,9 @@ class UserTokens:
             deadline,
             now,
         )
-        return tokens.access_token
+        return tokens.access_token, tokens.expires_at
 
-    async def _exchanged(self, user: str, upstream: Upstream, stale: str | None) -> str:
+    async def _exchanged(self, user: str, upstream: Upstream, stale: str | None) -> tuple[str, float]:
         assert self.vault is not None
         tokens = await self.vault.get(user, upstream.name)
         if tokens is None or tokens.access_token == stale or not tokens.usable(self._clock()):
@@ -147,7 +149,7 @@ class UserTokens:
                 "This tool needs the caller's access token exchanged for one of this upstream's, which the gateway "
                 "does when an OAuth-authenticated caller calls the tool. Call it again through the gateway."
             )
-        return tokens.access_token
+        return tokens.access_token, tokens.expires_at
 
     async def _refresh(
         self,
@@ -171,6 +173,7 @@ class UserTokens:
         endpoints = await self.directory.endpoints(auth, environ, transport, timeout_s, upstream.verify_tls)
         form = {"grant_type": "refresh_token", "refresh_token": current.refresh_token}
         request = Client.of(auth, environ).request(endpoints.token_url, form, timeout_s, upstream.verify_tls)
+        sent_at = self._clock()
         try:
             issued = await grant(transport, request)
         except errors.AuthorizationRequired:
@@ -178,9 +181,8 @@ class UserTokens:
             await audit(self.vault.redis, "refresh_failed", user, upstream.name, self._audit_maxlen)
             raise await self.required(user, upstream.name, "The authorization server no longer honours it. ") from None
         scopes = issued.scopes or current.scopes
-        tokens = TokenSet(
-            issued.access_token, issued.refresh_token or current.refresh_token, expiry(issued), scopes, self._clock()
-        )
+        refresh = issued.refresh_token or current.refresh_token
+        tokens = TokenSet(issued.access_token, refresh, expiry(issued, sent_at), scopes, sent_at)
         await self.vault.put(user, upstream.name, tokens)
         return tokens
 

@@ -1,7 +1,8 @@
 """One handler per tool kind. The kinds that send HTTP (a defined tool, `http_request`) share the path
 from the call's turn to its answer, and differ in how the request is prepared and whom it may reach.
 
-    answer ─▶ turn ─▶ prepare ─▶ send_with_retries ─▶ (a 401 on an OAuth2 token: prepare, send again)
+    answer ─▶ turn ─▶ prepare ─▶ send_with_retries ─▶ (a 401 on an OAuth2 token, or a user's token that
+                                   │                   would expire before it is sent: prepare, send again)
                                    └─ attempt: rate limit, circuit, time left ─▶ transport
 """
 
@@ -45,8 +46,8 @@ class HttpHandler(ABC):
             async with Turn(runtime.turns(job.upstream), job.upstream, job.deadline, job.call.tenant) as turn:
                 request, token = await self.prepare(job, runtime)
                 tried = await self._send(job, runtime, request, turn)
-                if tried.response is not None and tried.response.status == 401 and token is not None:
-                    attempts = tried.attempts  # the token was revoked: a new one, and once again
+                if token is not None and _renew(tried):
+                    attempts = tried.attempts  # the token was revoked or is expiring: a new one, and once again
                     request, _ = await self.prepare(job, runtime, stale=token)
                     tried = await self._send(job, runtime, request, turn)
         except errors.ToolError as exc:  # refused before an attempt: no turn in time, no token, the circuit
@@ -72,6 +73,13 @@ class HttpHandler(ABC):
     @abstractmethod
     def trusted_origin(self, request: PreparedRequest) -> URL | None:
         """The origin reached without the egress check (trusted configuration); None: check every hop."""
+
+
+def _renew(tried: Tried) -> bool:
+    """Whether the call's OAuth2 token must be renewed: the upstream refused it (401), or it was about to
+    expire when the call's turn to send came (it was not sent)."""
+    refused = tried.response is not None and tried.response.status == 401
+    return refused or isinstance(tried.error, errors.CredentialExpiring)
 
 
 class DefinedTool(HttpHandler):

@@ -16,6 +16,9 @@ from worker.call.circuit import Clock
 
 # A token is refreshed once this share of its lifetime has passed (workers keep using it meanwhile).
 REFRESH_AT_SHARE = 0.8
+# A token is sent only with this much of its life left (checked again after the call's waits, just before
+# sending): the time the request takes to reach the upstream, and a clock that runs a little ahead there.
+SEND_MARGIN_S = 0.5
 _LOCK_MS = 15_000
 _POLL_S = 0.05
 T = TypeVar("T")

@@ -13,7 +13,7 @@ import time
 import structlog
 
 from worker import errors, logs, metrics
-from worker.call import cache, pagination, ratelimit, shaping
+from worker.call import cache, call_headers, pagination, ratelimit, shaping
 from worker.call.admission import call_deadline, encoded_size, validate_arguments
 from worker.call.catalog_tools import CatalogTool
 from worker.call.handlers import DefinedTool, ToolHandler
@@ -92,6 +92,7 @@ async def admit(call: ToolCall, runtime: Runtime, received_at: float) -> Job:
     """The call as a job its handler can run: in time, its tool known, its arguments and headers valid,
     within its tenant's rate limit."""
     deadline = call_deadline(call, received_at)
+    call = call_headers.opened(call, runtime.users.keyring)
     tool, upstream = runtime.resolve(call.tool)
     logs.bind_call(upstream=upstream.name)
     arguments = validate_arguments(call.arguments, runtime.validator(tool))

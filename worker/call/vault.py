@@ -3,48 +3,35 @@
     toolworker:vault:conn:<upstream>:<user digest>   {"kid", "nonce", "data"}: the token set, sealed
     toolworker:vault:user:<user digest>              the upstreams a user has connected (a set)
 
-The keys come from TOOLWORKER_VAULT_KEYS (`kid:BASE64(32 bytes)`, comma-separated): the first seals, every
-one opens. A rotation puts a new key in front: a record sealed with an older key is resealed with the new
-one the next time it is read, and the old key can go once no record names it. Each record names the key
-that sealed it, and is sealed with its own Redis key as associated data: a record copied under another
-user's key does not open. A record no key opens is no connection (and is logged). Nothing here is ever
-logged, queued or published.
+The keys come from TOOLWORKER_VAULT_KEYS (`kid:BASE64(32 bytes)`, comma-separated; worker/sealing.py holds
+the keyring): the first seals, every one opens. A rotation puts a new key in front: a record sealed with an
+older key is resealed with the new one the next time it is read, and the old key can go once no record
+names it. Each record names the key that sealed it, and is sealed with its own Redis key as associated
+data: a record copied under another user's key does not open. A record no key opens is no connection (and
+is logged). Nothing here is ever logged, queued or published.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
-import os
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 import redis.asyncio as aioredis
 import structlog
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from redis.typing import EncodableT, FieldT
 
-from worker.call.renewal import REFRESH_AT_SHARE
+from worker.call.renewal import REFRESH_AT_SHARE, SEND_MARGIN_S
 from worker.constants import AUDIT_STREAM_KEY
+from worker.sealing import Keyring as Keyring
+from worker.sealing import VaultKeyError as VaultKeyError
+from worker.sealing import VaultLocked as VaultLocked
 
 log = structlog.get_logger("toolworker.vault")
 
 VAULT_KEY_PREFIX = "toolworker:vault:conn:"
 VAULT_USER_KEY_PREFIX = "toolworker:vault:user:"
-_KEY_BYTES = 32
-_NONCE_BYTES = 12
-
-
-class VaultKeyError(ValueError):
-    """TOOLWORKER_VAULT_KEYS is not a list of `kid:BASE64(32 bytes)`."""
-
-
-class VaultLocked(Exception):
-    """No key is configured: the vault cannot be read or written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +55,8 @@ class TokenSet:
         return now >= self.refresh_at(REFRESH_AT_SHARE)
 
     def usable(self, now: float) -> bool:
-        return not self.expires_at or now < self.expires_at
+        """Whether it may still be sent: it has SEND_MARGIN_S of its life left."""
+        return not self.expires_at or now + SEND_MARGIN_S < self.expires_at
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -93,59 +81,6 @@ class Connection:
     def to_dict(self) -> dict[str, object]:
         expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.expires_at)) if self.expires_at else None
         return {"upstream": self.upstream, "scopes": list(self.scopes), "expiresAt": expires}
-
-
-class Keyring:
-    """The AES-GCM keys by id; the first seals."""
-
-    def __init__(self, keys: Iterable[tuple[str, bytes]]) -> None:
-        self._keys = {kid: AESGCM(key) for kid, key in keys}
-        self.sealing = next(iter(self._keys), None)
-
-    @classmethod
-    def parse(cls, text: str) -> Keyring:
-        keys = []
-        for item in (i.strip() for i in text.split(",") if i.strip()):
-            kid, sep, encoded = item.partition(":")
-            try:
-                key = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, ValueError):
-                key = b""
-            if not sep or not kid or len(key) != _KEY_BYTES:
-                raise VaultKeyError(f"TOOLWORKER_VAULT_KEYS: {kid or '?'!r} is not `kid:BASE64(32 bytes)`")
-            keys.append((kid, key))
-        return cls(keys)
-
-    def __bool__(self) -> bool:
-        return self.sealing is not None
-
-    def seal(self, plaintext: bytes, context: str) -> str:
-        if self.sealing is None:
-            raise VaultLocked("TOOLWORKER_VAULT_KEYS is not set: end users' tokens cannot be stored.")
-        nonce = os.urandom(_NONCE_BYTES)
-        data = self._keys[self.sealing].encrypt(nonce, plaintext, context.encode())
-        record = {"kid": self.sealing, "nonce": _b64(nonce), "data": _b64(data)}
-        return json.dumps(record)
-
-    def open(self, sealed: bytes | str, context: str) -> bytes | None:
-        """The plaintext, or None when no key of the ring opens it (logged, without the record)."""
-        try:
-            record = json.loads(sealed)
-            key = self._keys.get(record["kid"])
-            if key is not None:
-                return key.decrypt(
-                    base64.b64decode(record["nonce"]), base64.b64decode(record["data"]), context.encode()
-                )
-        except (ValueError, KeyError, TypeError, InvalidTag):
-            pass
-        log.warning("vault.record_unreadable", record=context, reason="no configured key opens it")
-        return None
-
-    def sealed_with_current(self, sealed: bytes | str) -> bool:
-        try:
-            return bool(json.loads(sealed).get("kid") == self.sealing)
-        except (ValueError, AttributeError):
-            return False
 
 
 def user_digest(user: str) -> str:
@@ -200,10 +135,6 @@ class Vault:
             if tokens is not None:
                 found.append(Connection(upstream, tokens.scopes, tokens.expires_at))
         return found
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 async def audit(redis: aioredis.Redis, event: str, user: str, upstream: str, maxlen: int, **extra: str) -> None:

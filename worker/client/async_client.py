@@ -25,6 +25,7 @@ from worker.constants import CODE_CALL_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DEFAUL
 from worker.envelope import ToolResult
 from worker.errors import RedisLost, TenantQueueFull
 from worker.http.egress import EgressPolicy, check_callback
+from worker.sealing import Keyring
 from worker.settings import get_settings
 from worker.shards import Shards
 
@@ -47,6 +48,8 @@ class AsyncToolClient:
         else:
             self.shards = Shards.single(redis_url) if redis_url else get_settings().shards
         self.tenant = checked_tenant(tenant)
+        # Seals the calls' headers when TOOLWORKER_VAULT_KEYS is set (the workers hold the same keys).
+        self.keyring = Keyring.parse(get_settings().vault_keys.get_secret_value())
         self.routing = Routing(self.shards)
         self.replies = Replies(self.routing)
         self.outbox = Outbox(self.routing.home, queue, max_batch, one_shard=len(self.routing.links) == 1)
@@ -131,7 +134,7 @@ class AsyncToolClient:
         link = self._link_of(tenant)
         common = common_fields(timeout, self.replies.stream, trace, tenant, principal, user, callback_url)
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
-        messages = [message(spec, call_id, common) for spec, call_id in zip(calls, ids, strict=True)]
+        messages = [message(spec, call_id, common, self.keyring) for spec, call_id in zip(calls, ids, strict=True)]
         self.replies.expect(ids, link)
         try:
             refused = await self.outbox.send(link, messages)

@@ -1,5 +1,6 @@
 """A call as the client writes it: the checks the workers would otherwise refuse it for (65), and the
-message's fields (the call's own, and those every call of one submission shares)."""
+message's fields (the call's own, and those every call of one submission shares). With vault keys
+(TOOLWORKER_VAULT_KEYS) a call's headers travel sealed (worker/sealing.py): only a worker opens them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from worker import tracing
 from worker.constants import DEFAULT_TENANT, MAX_CALL_TIMEOUT_S, TENANT_PATTERN
+from worker.sealing import SEALED_HEADERS_FIELD, Keyring, seal_headers
 
 CallSpec = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], Mapping[str, str]]
 
@@ -60,10 +62,13 @@ def common_fields(
     return common | {key: value for key, value in optional.items() if value is not None}
 
 
-def message(spec: CallSpec, call_id: str, common: Mapping[str, Any]) -> dict[str, Any]:
+def message(spec: CallSpec, call_id: str, common: Mapping[str, Any], keyring: Keyring) -> dict[str, Any]:
+    """The call object; its headers (they may carry a user's credential) sealed when vault keys are set."""
     tool, arguments = spec[0], spec[1]
     headers: Mapping[str, str] = spec[2] if len(spec) > 2 else {}
     written: dict[str, Any] = {"callId": call_id, "tool": tool, "arguments": dict(arguments), **common}
-    if headers:
+    if headers and keyring:
+        written[SEALED_HEADERS_FIELD] = seal_headers(keyring, headers, call_id)
+    elif headers:
         written["headers"] = dict(headers)
     return written

@@ -41,6 +41,7 @@ from worker.gateway.identity.principals import AccessFileError, audience, read_a
 from worker.gateway.identity.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
 from worker.gateway.mcp import code_mode
 from worker.gateway.mcp.server import McpFront, Options
+from worker.gateway.mcp.sessions import Handshakes, McpSessions
 from worker.gateway.rest import document as openapi_document
 from worker.gateway.rest.connections import Connections
 from worker.gateway.rest.operations import error
@@ -58,6 +59,7 @@ class _Late:
 
     mcp: StreamableHTTPSessionManager
     streaming: StreamableHTTPSessionManager
+    sessions: McpSessions
 
 
 class _McpEndpoint:
@@ -73,7 +75,8 @@ class _McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = scope.get(BODY_SCOPE_KEY, b"")
         streamed = b'"progressToken"' in body or b'"tasks/result"' in body
-        await (self._late.streaming if streamed else self._late.mcp).handle_request(scope, receive, send)
+        transport = self._late.streaming if streamed else self._late.mcp
+        await self._late.sessions(scope, receive, send, transport.handle_request)
 
 
 def identity(settings: Settings) -> tuple[Gatekeeper, list[Route]]:
@@ -106,6 +109,7 @@ def create_app(
             server = front.server()
             late.mcp = _transport(server, settings, json_response=True)
             late.streaming = _transport(server, settings, json_response=False)
+            late.sessions = McpSessions(Handshakes(calls.redis))
             for route in [*_routes(calls, settings), *console.routes()]:
                 app.router.routes.append(route)
             await calls.health.status()  # the first ping (and its imports) before the first request

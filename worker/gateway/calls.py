@@ -5,8 +5,9 @@ never speaks HTTP to an upstream. A callId the client chose is claimed in Redis 
 with a fingerprint of the tool and arguments) before the call is enqueued, so that a client sending the
 same callId again - after a lost response, or to another gateway process after this one died - is
 answered from the first call (its stored envelope) instead of running it twice; the same callId with
-other arguments is a conflict. A callId the gateway made up cannot come twice: it is claimed only when
-the client is given it to come back with (202, or a wait that ran out).
+other arguments, or from another principal, is a conflict. A callId the gateway made up cannot come
+twice, but it is claimed all the same: the claim names the principal that made the call, the only one
+(besides those with the `operate` grant) that may read it or withdraw it.
 
 A call of a cached tool whose answer is in the cache (worker/call/cache.py, the same key the workers
 store under) is answered here, without the queue: no claim, no message, no worker.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -148,7 +150,7 @@ class Calls:
             self._record(submitted, hit.exit_code)
             return submitted
         await self.health.admit()
-        if spec.call_id is not None and not await self._claim(call_id, spec):
+        if not await self._claim(call_id, spec):
             return Submitted(call_id, tool, enqueued=False, principal=spec.principal)
         if spec.approved_by is not None:
             await self._grant(call_id, tool, spec)
@@ -173,8 +175,7 @@ class Calls:
                     callback_url=spec.callback,
                 )
         except BaseException:  # not enqueued: the same callId may be sent again
-            if spec.call_id is not None:
-                await self._claims.release(call_id)
+            await self._claims.release(call_id)
             raise
         return Submitted(call_id, tool, True, who, taken_at, started_s)
 
@@ -212,12 +213,9 @@ class Calls:
         metrics.observe_cache(tool.name, hit=hit is not None)
         return hit
 
-    async def hold(self, submitted: Submitted, spec: CallSpec) -> None:
-        """Before a client is given a callId to come back with: claim it (if the client did not name it),
-        so that the call can be found (GET), withdrawn (DELETE) or sent again (the same envelope). Its audit
+    def hold(self, submitted: Submitted) -> None:
+        """When a client is given a callId to come back with (its claim was made on submission): its audit
         record says `pending`."""
-        if spec.call_id is None:
-            await self._claim(submitted.call_id, spec)
         self._record(submitted, None)
 
     async def wait(self, call_id: str, timeout_s: float) -> ToolResult | None:
@@ -252,11 +250,13 @@ class Calls:
         self.audit.record(record)
 
     async def tool_of(self, call_id: str, principal: Principal = LOCAL) -> str | None:
-        """The tool of a call the gateway enqueued (within the result TTL) that `principal` may see, else None."""
+        """The tool of a call the gateway enqueued (within the result TTL) that `principal` made (or operates)
+        and may see, else None: another principal's call is as unknown as one that never was."""
         claim = await self._claims.get(call_id)
         if claim is None or self.visible(principal).tool(claim.tool) is None:
             return None
-        return claim.tool
+        mine = secrets.compare_digest(claim.owner.encode(), principal.name.encode())
+        return claim.tool if mine or principal.grant.may("operate") else None
 
     async def withdraw(self, call_id: str, tool: str, tenant: str) -> bool:
         """Take a call that has not started off the queue (its tenant's list); its callId is free again
@@ -279,7 +279,7 @@ class Calls:
 
     async def _claim(self, call_id: str, spec: CallSpec) -> bool:
         """True when this callId is new (and now claimed); raises CallIdConflict for another call's id."""
-        claim = Claim(fingerprint(spec.tool, spec.arguments), spec.tool)
+        claim = Claim(fingerprint(spec.tool, spec.arguments), spec.tool, spec.principal.name)
         existing = await self._claims.claim(call_id, claim)
         if existing is not None and existing != claim:
             raise CallIdConflict(f"The callId {call_id!r} already names a call with another tool or other arguments.")

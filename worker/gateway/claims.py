@@ -1,7 +1,8 @@
 """Claims on callIds: the gateway's own Redis keys (`toolworker:gateway:call:<callId>`).
 
-A call is claimed before it is enqueued; the claim holds the call's fingerprint and tool, and lives as
-long as results do. A claim that exists already means the call was enqueued before (perhaps by another
+A call is claimed before it is enqueued; the claim holds the call's fingerprint, its tool and the name of
+the principal that made it (only that principal, or one with the `operate` grant, may read or withdraw
+it), and lives as long as results do. A claim that exists already means the call was enqueued before (perhaps by another
 gateway process): it is not enqueued again. Claims made in the same loop tick share one round trip.
 """
 
@@ -19,15 +20,18 @@ from worker.constants import GATEWAY_CALL_KEY_PREFIX
 class Claim:
     fingerprint: str
     tool: str
+    # The principal's name; last, as it may hold spaces (fingerprints and tool names never do).
+    owner: str = ""
 
     def encode(self) -> str:
-        return f"{self.fingerprint} {self.tool}"
+        return f"{self.fingerprint} {self.tool} {self.owner}"
 
     @classmethod
     def decode(cls, value: bytes | str) -> Claim:
         text = value.decode() if isinstance(value, bytes) else value
-        fingerprint, _, tool = text.partition(" ")
-        return cls(fingerprint, tool)
+        fingerprint, _, rest = text.partition(" ")
+        tool, _, owner = rest.partition(" ")
+        return cls(fingerprint, tool, owner)
 
 
 class Claims:

@@ -156,7 +156,7 @@ class ToolServer:
         envelope = None if parked else await self.calls.answer(submitted, self.timeout_s)
         metrics.observe("toolserver", envelope, time.perf_counter() - started)
         if envelope is None:
-            await self.calls.hold(submitted, spec)
+            self.calls.hold(submitted)
         return _outcome(envelope, submitted.call_id, parked)
 
 

@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
@@ -187,6 +186,25 @@ def _error_code(body: bytes) -> str:
     return code if isinstance(code, str) and code.replace("_", "").isalnum() else "refused"
 
 
-def expiry(issued: Issued, now: float | None = None) -> float:
-    """When an issued access token expires (0: the server did not say)."""
-    return 0.0 if issued.expires_in_s is None else (now or time.time()) + issued.expires_in_s
+def expiry(issued: Issued, sent_at: float) -> float:
+    """When an issued access token expires (0: nobody says). Its lifetime runs from when the token request
+    was sent (the server issued it after that, never before), and ends no later than the token's own `exp`
+    when it is a JWT: that is the clock the upstream checks, in whole seconds."""
+    lifetime = None if issued.expires_in_s is None else sent_at + issued.expires_in_s
+    stamped = jwt_expiry(issued.access_token)
+    known = [at for at in (lifetime, stamped) if at is not None]
+    return min(known) if known else 0.0
+
+
+def jwt_expiry(token: str) -> float | None:
+    """The `exp` claim of a JWT access token, read without checking its signature (only to know when the
+    upstream will refuse it); None for an opaque token or one without `exp`."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, TypeError):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    return float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) and exp > 0 else None

@@ -59,6 +59,8 @@ class PreparedRequest:
     secrets: frozenset[str]
     secret_headers: frozenset[str]
     dropped_headers: tuple[str, ...] = ()
+    # When the access token on it expires (epoch seconds; 0: none, or no expiry): not sent past that.
+    credential_expires_at: float = 0.0
 
     def redacted_headers(self) -> dict[str, str]:
         return {

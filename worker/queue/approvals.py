@@ -18,7 +18,8 @@ MCP the human is asked through the client, and the gateway records the approval 
 States: parked -> approved -> started (a worker claimed it: it runs once) | denied | expired. The
 message of a started call delivered again (its worker was lost mid-call) is not run again: it is
 answered 70, since the call may have reached the upstream. The parked hash holds what the queue's
-message held (call header values included, as the queue holds them); every list shows header names only.
+message held (call header values included as the queue holds them: sealed, with vault keys); every list
+shows header names only.
 """
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ class Console(Room):
         except TenantQueueFull as exc:
             return self._view("message.html", session, 429, title="Queue full", message=exc.message)
         if envelope is None:
-            await self.calls.hold(submitted, spec)  # its audit record says pending; GET /v1/calls/{id} finds it
+            self.calls.hold(submitted)  # its audit record says pending; GET /v1/calls/{id} finds it
         shown = json.dumps(envelope.to_dict(), indent=2, ensure_ascii=False) if envelope else ""
         context = {"tool": name, "call_id": submitted.call_id, "envelope": envelope, "shown": shown}
         return self._view("answer.html", session, nav="Catalog", **context)

@@ -98,10 +98,10 @@ class Delegation:
         }
         client = Client.of(auth, self.environ)
         request = client.request(endpoints.token_url, form, AUTHORIZATION_SERVER_TIMEOUT_S, upstream.verify_tls)
+        sent_at = time.time()
         issued = await grant(self.transport, request)
-        now = time.time()
         tokens = TokenSet(
-            issued.access_token, issued.refresh_token, expiry(issued, now), issued.scopes or auth.scopes, now
+            issued.access_token, issued.refresh_token, expiry(issued, sent_at), issued.scopes or auth.scopes, sent_at
         )
         await self.vault.put(pending.user, upstream.name, tokens)
         await audit(self.vault.redis, "connect", pending.user, upstream.name, self._audit_maxlen)
@@ -170,11 +170,11 @@ class Delegation:
         }
         url = token_url(auth, self.environ)
         client = Client.of(auth, self.environ)
+        sent_at = time.time()
         issued = await grant(
             self.transport, client.request(url, form, AUTHORIZATION_SERVER_TIMEOUT_S, upstream.verify_tls)
         )
-        now = time.time()
-        return TokenSet(issued.access_token, None, expiry(issued, now), issued.scopes or auth.scopes, now)
+        return TokenSet(issued.access_token, None, expiry(issued, sent_at), issued.scopes or auth.scopes, sent_at)
 
     async def close(self) -> None:
         await self.transport.close()

@@ -6,9 +6,11 @@ that must not pass through the client).
                           sends the request again with the answer in `inputResponses`, read here on that
                           retry. Nothing is kept between the rounds, so the second may reach another gateway.
     2025-11-25 and before `elicitation/create` on the request's back-channel (stdio) where the client
-                          declared elicitation; a URL over stateless HTTP, where neither a back-channel nor the
-                          handshake's capabilities reach the request: the -32042 error (URL elicitation
-                          required, the URL in its data and its message), and the client calls again
+                          declared elicitation. Over HTTP, the handshake's capabilities come with the session
+                          (sessions.py): a client that declared URL mode gets the -32042 error (URL
+                          elicitation required, the URL in its data and its message) and calls again; one
+                          that did not is unsupported. A request without a session (capabilities unknown)
+                          gets -32042 too.
     neither               Answer("unsupported"): the caller says in its tool error what the human can do
 """
 
@@ -22,6 +24,9 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import NoBackChannelError, UrlElicitationRequiredError
 from mcp_types.version import is_version_at_least
+from starlette.requests import Request
+
+from worker.gateway.mcp.sessions import handshake_of
 
 Context = ServerRequestContext[Any, Any]
 Action = Literal["accept", "decline", "cancel", "pending", "unsupported"]
@@ -63,10 +68,12 @@ async def ask_to_visit(ctx: Context, key: str, message: str, url: str) -> Answer
         if not _declared(ctx, "url"):
             return Answer("unsupported")
         return answered(ctx, key) or _input_required(key, {"mode": "url", "message": message, "url": url})
-    if ctx.session.client_capabilities is None and ctx.request is not None:  # stateless HTTP
+    if _capabilities(ctx) is None and ctx.request is not None:  # stateless HTTP, no session: unknown
         raise _url_required(message, url, key)
     if not _declared(ctx, "url"):
         return Answer("unsupported")
+    if not ctx.session.can_send_request:  # a session over HTTP: the client declared URL mode, and retries
+        raise _url_required(message, url, key)
     try:
         result = await ctx.session.elicit_url(message, url, key)
     except NoBackChannelError:  # the client is told to visit the URL and call again
@@ -94,11 +101,20 @@ def _asks_by_result(ctx: Context) -> bool:
 
 def _declared(ctx: Context, mode: Literal["form", "url"]) -> bool:
     """The client declared elicitation (form mode is what a bare `elicitation: {}` means), in `mode`."""
-    capabilities = ctx.session.client_capabilities
+    capabilities = _capabilities(ctx)
     elicitation = getattr(capabilities, "elicitation", None)
     if elicitation is None:
         return False
     return mode == "form" or getattr(elicitation, "url", None) is not None
+
+
+def _capabilities(ctx: Context) -> types.ClientCapabilities | None:
+    """What the client declared: in this connection's handshake (stdio), in its HTTP session's (remembered
+    in Redis: sessions.py), or in the request itself (2026-07-28)."""
+    if ctx.session.client_capabilities is not None:
+        return ctx.session.client_capabilities
+    handshake = handshake_of(ctx.request.scope) if isinstance(ctx.request, Request) else None
+    return None if handshake is None else handshake.capabilities
 
 
 def _input_required(key: str, question: dict[str, Any]) -> Answer:

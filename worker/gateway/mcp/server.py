@@ -84,9 +84,9 @@ INSTRUCTIONS = (
 APPROVAL_INPUT_KEY = "toolworker/approval"
 HOW_TO_APPROVE = (
     "The tool {tool} needs a human's approval before it runs, and this client cannot be asked here (asking "
-    "takes elicitation: a 2026-07-28 client that declares it, or an earlier one on stdio, since this HTTP "
-    "endpoint keeps no session). Nothing was sent. Use such a client, or make the call through "
-    "REST (POST /v1/calls): it is parked until a principal with the `approve` grant approves it "
+    "takes elicitation: a 2026-07-28 client that declares it, or an earlier one on stdio; over HTTP this "
+    "endpoint does not send requests to an earlier client). Nothing was sent. Use such a client, or make the "
+    "call through REST (POST /v1/calls): it is parked until a principal with the `approve` grant approves it "
     "(POST /v1/approvals/{{callId}}, or `toolworker approvals approve`)."
 )
 _CURSOR_PREFIX = "after:"
@@ -244,7 +244,7 @@ class McpFront:
             self._spawn(self._withdraw(submitted.call_id, name, submitted.principal.tenant))
             raise
         if envelope is None:
-            await self.calls.hold(submitted, spec)
+            self.calls.hold(submitted)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
         entry = self._entry(ctx, submitted.tool)
         return tool_result(envelope, submitted.call_id, self.timeout_s, submitted.tool, entry, ctx.protocol_version)

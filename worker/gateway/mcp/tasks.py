@@ -214,7 +214,7 @@ class McpTasks:
         except BaseException:
             await self.store.delete(task_id)
             raise
-        await self.calls.hold(submitted, spec)
+        self.calls.hold(submitted)
         log.info("gateway.task_created", taskId=task_id, tool=tool.name, generation=generation)
         view = TaskView(record, None)
         if generation == "2026":

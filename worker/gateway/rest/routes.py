@@ -4,6 +4,7 @@
                                   or no envelope within waitSeconds)
     GET    /v1/calls/{callId}     its envelope (200), still pending (202), unknown (404); ?waitSeconds=S
     DELETE /v1/calls/{callId}     take a call that has not started off the queue (200), else 409/404
+                                  (both only for the principal that made the call, or one with `operate`)
     POST   /v1/batches            many calls at once, answered in order
     POST   /v1/code               a program (code mode): its value, printed output and tool calls
     GET    /v1/tools              the catalog (?tag=T, ?format=summary|openai|anthropic|mcp)
@@ -40,7 +41,7 @@ from worker.envelope import ToolResult
 from worker.errors import CallbackRefused, UnknownTool
 from worker.gateway import metrics
 from worker.gateway.calls import MAX_CALL_ID_CHARS, CallIdConflict, Calls, CallSpec, Submitted
-from worker.gateway.identity.principals import access_token_of, principal_of
+from worker.gateway.identity.principals import Principal, access_token_of, principal_of
 from worker.gateway.rest.models import (
     Approvals,
     BatchRequest,
@@ -107,22 +108,22 @@ class Rest:
         envelope = await self._answer(submitted, body.wait and not parked, body.waitSeconds, body.timeoutSeconds)
         metrics.observe("rest", envelope, time.perf_counter() - started)
         if envelope is None:
-            await self.calls.hold(submitted, spec)
+            self.calls.hold(submitted)
             return pending(submitted.call_id, state=AWAITING_APPROVAL if parked else "pending")
         return JSONResponse(envelope.to_dict())
 
     async def get_call(self, request: Request, callId: CallId, query: Annotated[WaitQuery, Query()]) -> Response:
         principal = principal_of(request.scope)
         known = await self.calls.tool_of(callId, principal) is not None
-        envelope = await self.calls.wait(callId, query.waitSeconds if known else 0.0)
-        if envelope is not None and self.calls.visible(principal).tool(envelope.tool) is not None:
+        envelope = await self._envelope(callId, principal, query.waitSeconds if known else 0.0, known)
+        if envelope is not None:
             return JSONResponse(envelope.to_dict())
         return pending(callId) if known else error(404, "unknown_call", f"No call {callId!r} is known.")
 
     async def withdraw_call(self, request: Request, callId: CallId) -> Response:
         principal = principal_of(request.scope)
         tool = await self.calls.tool_of(callId, principal)
-        if tool is None and await self.calls.wait(callId, 0.0) is None:
+        if tool is None and await self._envelope(callId, principal, 0.0, known=False) is None:
             return error(404, "unknown_call", f"No call {callId!r} is waiting.")
         if tool is not None and await self.calls.withdraw(callId, tool, principal.tenant):
             metrics.WITHDRAWN.inc()
@@ -131,6 +132,16 @@ class Rest:
             # answered 75 by a worker; its calls not started are withdrawn
             return JSONResponse({"callId": callId, "withdrawn": True, "cancelled": True})
         return error(409, "already_started", "The call was taken by a worker already; it runs to its end.")
+
+    async def _envelope(self, call_id: str, principal: Principal, wait_s: float, known: bool) -> ToolResult | None:
+        """The call's envelope for `principal`: its own call's (`known`), or any call's for an operator (one
+        the gateway holds no claim of: enqueued elsewhere, or its claim expired); never another's."""
+        if not known and not principal.grant.may("operate"):
+            return None
+        envelope = await self.calls.wait(call_id, wait_s)
+        if envelope is None or self.calls.visible(principal).tool(envelope.tool) is None:
+            return None
+        return envelope
 
     async def create_batch(self, request: Request, body: Annotated[BatchRequest, Body()]) -> Response:
         await self.calls.health.admit()  # one answer for the whole batch when the fleet is away
@@ -153,7 +164,7 @@ class Rest:
         parked = self.calls.needs_approval(submitted.tool)
         envelope = await self._answer(submitted, batch.wait and not parked, batch.waitSeconds, call.timeoutSeconds)
         if envelope is None:
-            await self.calls.hold(submitted, spec)
+            self.calls.hold(submitted)
             return {"callId": submitted.call_id, "status": AWAITING_APPROVAL if parked else "pending"}
         return envelope.to_dict()
 
