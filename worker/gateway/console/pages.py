@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 import redis
@@ -36,11 +36,13 @@ from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.console.fleet import Workers, tenant_rows
 from worker.gateway.console.gate import CONSOLE_PATH, Gate, csrf_of
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, new_secret
-from worker.gateway.console.sources import Approvals, Connections, Decision, Extensions, NotWaiting
+from worker.gateway.console.sources import Decision, Extensions, NotWaiting
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity.audit import action
 from worker.queue.dead_letter_store import DeadLetterError, DeadLetters, NoSuchItem
 from worker.shards import Shard
+
+T = TypeVar("T")
 
 LOGIN = CONSOLE_PATH + "/login"
 FLEET = CONSOLE_PATH + "/fleet"
@@ -333,14 +335,14 @@ class Console:
         return RedirectResponse(f"/console/dead-letters?replayed={item}", 303)
 
     async def approvals(self, request: Request, session: Session) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]  # routed only with one
+        source = _routed(self.extensions.approvals)
         waiting = await source.waiting()
         done = {k: request.query_params.get(k, "") for k in ("approve", "deny")}
         may = session.principal.grant.may("approve")
         return self._view("approvals.html", session, waiting=waiting, done=done, may=may, nav="Approvals")
 
     async def decide(self, request: Request, session: Session, form: FormData) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]
+        source = _routed(self.extensions.approvals)
         call_id, asked, reason = request.path_params["call_id"], form.get("decision"), form.get("reason")
         reason = reason.strip() if isinstance(reason, str) else ""
         decision = DECISIONS.get(asked if isinstance(asked, str) else "")
@@ -358,7 +360,7 @@ class Console:
         return RedirectResponse(f"{APPROVALS}?{decision}={call_id}", 303)
 
     async def connections(self, request: Request, session: Session) -> Response:
-        source: Connections = self.extensions.connections  # type: ignore[assignment]
+        source = _routed(self.extensions.connections)
         user = request.query_params.get("user", "").strip()
         rows = await source.connections(user or None)
         return self._view("connections.html", session, rows=rows, user=user, nav="Connections")
@@ -400,3 +402,9 @@ def _text(value: bytes | str) -> str:
 
 def _positive(score: object) -> bool:
     return isinstance(score, int | float) and score > 0
+
+
+def _routed(extension: T | None) -> T:
+    """A console extension whose pages are routed only when it is there."""
+    assert extension is not None
+    return extension
