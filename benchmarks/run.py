@@ -32,6 +32,7 @@ from benchmarks import (
     cost,
     gateway,
     identity,
+    mcp_upstream,
     memory,
     pipeline,
     replicas,
@@ -183,6 +184,14 @@ SECTIONS = (
         "only the approval check's rows (a minute)",
         lambda server, sizes, args: approvals.run(server.url, max(sizes.light_calls, APPROVAL_CALLS), _rounds(args)),
         approvals.print_section,
+    ),
+    Section(
+        "mcp",
+        "mcp upstream: through the fleet against a direct SDK session",
+        "only the MCP upstream's rows (a minute)",
+        lambda server, sizes, args: mcp_upstream.run(server.url, sizes.light_calls * 5, _rounds(args)),
+        mcp_upstream.print_section,
+        mcp_upstream.targets,
     ),
     Section(
         "webhooks",

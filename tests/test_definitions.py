@@ -296,6 +296,8 @@ def test_cli_validate_reports_syntax_errors(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_cli_validate_repo_definitions(capsys: pytest.CaptureFixture[str]) -> None:
-    """`toolworker validate definitions/` exits 0 and prints no problem."""
+    """`toolworker validate definitions/` exits 0 and prints no problem; only the notice that the demo's MCP
+    upstream has not been listed (files checked on their own are not looked up in the fleet's listings)."""
     assert cli.main(["validate", str(DEFINITIONS)]) == 0
-    assert capsys.readouterr().err == ""
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("notice: ") and "'desk' has no tools" in lines[0]

@@ -17,12 +17,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom: the path of a call. A module may import its own layer's modules and any layer below.
 LAYERS: list[frozenset[str]] = [
-    frozenset({"worker.__main__", "worker.cli", "worker.app", "worker.dev"}),
+    frozenset({"worker.__main__", "worker.cli", "worker.app", "worker.dev", "worker.top"}),
     frozenset({"worker.gateway"}),
-    frozenset({"worker", "worker.client"}),
-    frozenset({"worker.queue"}),
+    frozenset({"worker", "worker.client", "worker.watch"}),
+    frozenset({"worker.queue", "worker.upstreams"}),
     frozenset({"worker.call"}),
-    frozenset({"worker.http"}),
+    frozenset({"worker.http", "worker.mcp_client"}),
     frozenset({"worker.definitions"}),
     frozenset(
         {
@@ -49,6 +49,7 @@ SEAMS = {
     ("worker.client", "worker.queue"),
     ("worker.client", "worker.call"),
     ("worker.http", "worker.definitions"),
+    ("worker.mcp_client", "worker.definitions"),
 }
 # The one module of queue/ the client uses: the tenant scheduler owns the tenant keys, and enqueuing for a
 # tenant runs its script, which keeps the list of tenants with work in step with their lists.

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from worker.definitions.model import Problem
 from worker.definitions.readers.openapi import import_openapi
 from worker.definitions.readers.openapi.refs import Node, Resolver
-from worker.gateway.rest import connections, routes
+from worker.gateway.rest import connections, routes, upstreams
 from worker.gateway.rest import document as document_module
 from worker.gateway.rest.bodies import BadBody, json_body, parse
 from worker.gateway.rest.document import document
@@ -133,7 +133,11 @@ def test_the_routes_served_are_the_operations_documented() -> None:
     with the same method and path; nothing else is documented."""
     served_routes = [
         (method.lower(), route.path_format)
-        for owner, table in ((object(), routes.OPERATIONS), (object(), connections.OPERATIONS))
+        for owner, table in (
+            (object(), routes.OPERATIONS),
+            (object(), connections.OPERATIONS),
+            (object(), upstreams.OPERATIONS),
+        )
         for route in served(table, owner)
         for method in route.methods or ()
         if method != "HEAD"
@@ -163,3 +167,21 @@ async def test_a_path_parameter_is_checked_with_its_type() -> None:
     with pytest.raises(BadBody) as raised:
         await operation("getCall").read_inputs(get(f"/v1/calls/{long}", b"", {"callId": long}))
     assert raised.value.status == 422 and raised.value.problems[0]["field"] == "callId"
+
+
+@pytest.mark.parametrize(
+    ("operation_id", "path", "path_params"),
+    [
+        ("openConnectLink", "/v1/connections/people/authorize", {"upstream": "people"}),
+        ("connectCallback", "/v1/connections/callback", {}),
+    ],
+)
+async def test_a_browser_page_refuses_a_bad_query_with_a_page(
+    operation_id: str, path: str, path_params: dict[str, str]
+) -> None:
+    """A connect link without its ticket, or a redirect back without its state, is a 400 HTML page for the
+    user (not the API's JSON error), and no handler runs."""
+    (route,) = served([operation(operation_id)], object())
+    answer = await route.endpoint(get(path, b"", path_params))
+    assert answer.status_code == 400 and answer.media_type == "text/html"
+    assert b"not valid" in answer.body

@@ -10,6 +10,9 @@ TENANT_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 # A message's header with the number of calls it carries (a batch: many). The scheduler counts calls, not
 # messages, in its shares and limits; a message without it (a stock producer's) carries one.
 CALLS_HEADER = "x-toolworker-calls"
+# A message's header with when it was enqueued (Unix ms): how long the oldest call has waited is read from
+# the tail of each list without decoding the body (worker/queue/ages.py). A stock producer's has none.
+ENQUEUED_HEADER = "x-toolworker-enqueued-ms"
 # Tenant -> "weight max_in_flight max_queued" (0: none), from the definitions' `tenants:`; written by
 # worker/definitions/redis_store.py, read by the scheduler's scripts (worker/queue/scheduler.py) and the client.
 TENANT_LIMITS_KEY = "toolworker:tenants:limits"
@@ -39,6 +42,8 @@ MAX_ARGUMENTS_BYTES = 1024 * 1024
 # describes, far short of what exhausts Python's stack in the code that walks them.
 MAX_ARGUMENTS_DEPTH = 64
 MAX_REDIRECTS = 5
+# What OpenAI and Anthropic accept as a tool name, at most.
+TOOL_NAME_MAX_CHARS = 64
 DEFAULT_MAX_OUTPUT_CHARS = 16_000
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 # An upstream's own timeouts (per attempt), when its definition sets none.
@@ -56,6 +61,7 @@ DEFAULT_MAX_CONCURRENCY = 100
 KIND_DEFINED = "defined"  # rendered from the definition's templates
 KIND_HTTP_REQUEST = "http_request"  # the model gives method and URL; egress-checked
 KIND_CATALOG = "catalog"  # answered by the worker from its definitions
+KIND_MCP = "mcp"  # sent as `tools/call` to an MCP server (worker/mcp_client/)
 HTTP_REQUEST_TOOL = "http_request"
 # The upstream the built-in tools (catalog, http_request) are listed under.
 WORKER_UPSTREAM = "toolworker"
@@ -70,6 +76,16 @@ DEFINITIONS_CURRENT_KEY = "toolworker:definitions:current"
 DEFINITIONS_BUNDLE_PREFIX = "toolworker:definitions:bundle:"
 # What workers on the file store serve (a hash: digest, files, announcedAt), so that a gateway serves it too.
 FLEET_DEFINITIONS_KEY = "toolworker:definitions:fleet"
+
+# MCP upstreams (docs/guides/mcp-upstreams.md): each one's tool listing, as its last refresh read it (a hash:
+# upstream -> JSON), a number that grows on every change (what readers poll), and the lock one refresher holds.
+MCP_LISTINGS_KEY = "toolworker:mcp:listings"
+MCP_LISTINGS_VERSION_KEY = "toolworker:mcp:listings:version"
+MCP_REFRESH_LOCK_PREFIX = "toolworker:mcp:refresh-lock:"
+DEFAULT_MCP_REFRESH_S = 300.0
+# An upstream tool's text, at most: a description longer than this, or a schema larger, is refused.
+MAX_TOOL_DESCRIPTION_CHARS = 16_000
+MAX_TOOL_SCHEMA_BYTES = 256 * 1024
 
 # The agent gateway: a claim per callId it enqueues (value: the call's fingerprint), so a client that
 # sends the same callId again is answered from that call instead of enqueuing it twice.

@@ -70,6 +70,8 @@ class ToolResult:
     # Answered from the cache, stored `age` seconds ago.
     cached: bool = False
     age: int | None = None
+    # An MCP upstream's content blocks as the server sent them (text, image, audio, resources).
+    content: list[Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,5 +112,5 @@ class ToolResult:
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))
-_OPTIONAL = frozenset({"structured", "truncation", "note", "pages", "next_cursor", "cached", "age"})
+_OPTIONAL = frozenset({"structured", "truncation", "note", "pages", "next_cursor", "cached", "age", "content"})
 _FIELD_SET = frozenset(_FIELDS)

@@ -15,6 +15,7 @@
     │   │   ├── ApprovalDenied   77  (a principal with `approve` denied a parked call; never sent)
     │   │   └── CallbackRefused  77  (a callback URL TOOLWORKER_CALLBACK_ALLOW does not allow)
     │   └── ToolMisconfigured    78
+    ├── ToolFailed               22  an MCP server's answer: a result with isError, or a JSON-RPC error
     └── TransportError           the request was attempted
         ├── HostNotFound         6
         ├── ConnectFailed        7
@@ -57,6 +58,13 @@ class TransportError(ToolError):
     """The request was attempted and failed on the way."""
 
     retryable: ClassVar[bool] = False
+
+
+class ToolFailed(ToolError):
+    """An MCP server answered that the call failed (worker/mcp_client/failures.py)."""
+
+    exit_code = 22
+    type = "tool_error"
 
 
 class MalformedURL(RequestError):

@@ -38,3 +38,5 @@ class Answer:
     pages: int | None = None
     next_cursor: str | None = None
     note: str | None = None
+    # An MCP server's `tools/call` result, as it came (worker/call/mcp_tool.py).
+    mcp: dict[str, Any] | None = None

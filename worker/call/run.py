@@ -19,8 +19,9 @@ from worker.call.catalog_tools import CatalogTool
 from worker.call.handlers import DefinedTool, ToolHandler
 from worker.call.http_request import HttpRequestTool
 from worker.call.job import Answer, Job
+from worker.call.mcp_tool import McpTool
 from worker.call.runtime import Runtime
-from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, TENANT_RATE_LIMIT_KEY_PREFIX
+from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, KIND_MCP, TENANT_RATE_LIMIT_KEY_PREFIX
 from worker.envelope import ToolResult
 from worker.protocol import ToolCall
 
@@ -30,6 +31,7 @@ HANDLERS: dict[str, ToolHandler] = {
     KIND_DEFINED: DefinedTool(),
     KIND_HTTP_REQUEST: HttpRequestTool(),
     KIND_CATALOG: CatalogTool(),
+    KIND_MCP: McpTool(),
 }
 
 

@@ -17,6 +17,7 @@ from worker.constants import TOOL_ALIASES
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
 from worker.http.transport import HttpTransport, PoolSpec
+from worker.mcp_client.sessions import Sessions
 
 # Calls to one upstream under way at once (rendered, sent or being answered), per pooled connection:
 # enough that a connection coming free finds its next request ready.
@@ -34,6 +35,7 @@ class Runtime:
         policy: EgressPolicy | None = None,
         redis: aioredis.Redis | None = None,
         users: UserTokens | None = None,
+        mcp: Sessions | None = None,
     ) -> None:
         self.toolset = toolset
         self.environ = environ
@@ -45,6 +47,8 @@ class Runtime:
         self.tokens = TokenCache(redis)
         # End users' tokens (the vault); without keys, tools that act for a user are refused (78).
         self.users = users or UserTokens(redis, Keyring([]), None, 0)
+        # One session per MCP server, reused by every call of this process.
+        self.mcp = mcp or Sessions()
         self._validators: dict[str, Draft202012Validator] = {}
         self._turns: dict[str, FairTurns] = {}
 
@@ -87,6 +91,7 @@ class Runtime:
         return validator
 
     async def close(self) -> None:
+        await self.mcp.close()
         await self.transport.close()
 
 

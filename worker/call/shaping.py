@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from worker import errors
-from worker.call import structured, truncation
+from worker.call import mcp_answer, structured, truncation
 from worker.call.job import Answer, Job
 from worker.definitions.model import Tool, Upstream
 from worker.envelope import ToolResult
@@ -32,7 +32,12 @@ def envelope(job: Job, answer: Answer) -> ToolResult:
     try:
         if answer.error is not None:
             raise answer.error
-        outcome = {"result": answer.text or ""} if answer.response is None else _shaped(answer.response, job, secrets)
+        if answer.mcp is not None:
+            outcome = mcp_answer.fields(answer.mcp, job, secrets)
+        elif answer.response is None:
+            outcome = {"result": answer.text or ""}
+        else:
+            outcome = _shaped(answer.response, job, secrets)
     except errors.ToolError as exc:
         outcome = failed(exc)
     outcome.update(pages=answer.pages, next_cursor=answer.next_cursor)

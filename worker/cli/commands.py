@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.cli import calls, definitions, fleet, operators, serve
+from worker.cli import calls, definitions, fleet, operators, serve, upstreams
 from worker.connections import RedisUnavailable
 from worker.errors import RedisLost
 
@@ -67,19 +67,25 @@ class Command:
     actions_metavar: str | None = "ACTION"
     # Where the chosen action's name goes, when the handler reads it there (`args.action`).
     actions_dest: str | None = None
+    # False: the command alone does its default action (`toolworker upstreams` lists).
+    actions_required: bool = True
 
 
 def _add_commands(
-    parser: argparse.ArgumentParser, commands: Sequence[Command], metavar: str | None, dest: str | None = None
+    parser: argparse.ArgumentParser,
+    commands: Sequence[Command],
+    metavar: str | None,
+    dest: str | None = None,
+    required: bool = True,
 ) -> None:
     named = {"dest": dest} if dest else {}
-    subparsers = parser.add_subparsers(required=True, metavar=metavar, **named)
+    subparsers = parser.add_subparsers(required=required, metavar=metavar, **named)
     for command in commands:
         one = subparsers.add_parser(command.name, help=command.help)
         for argument in command.args:
             one.add_argument(*argument.names, **argument.options)
         if command.actions:
-            _add_commands(one, command.actions, command.actions_metavar, command.actions_dest)
+            _add_commands(one, command.actions, command.actions_metavar, command.actions_dest, command.actions_required)
         handler = {"handler": command.handler} if command.handler else {}
         if handler or command.defaults:
             one.set_defaults(**handler, **command.defaults)
@@ -141,6 +147,15 @@ _CONNECTION_ACTIONS = (
         "revoke",
         "revoke a user's grant at the authorization server and remove it",
         args=(_USER, arg("--upstream", required=True, metavar="X")),
+    ),
+)
+_UPSTREAM_ACTIONS = (
+    Command("list", "one line per upstream (the default)"),
+    Command("refresh", "read an MCP upstream's tools now", args=(arg("name"),)),
+    Command(
+        "accept",
+        "serve what `pin: true` withheld (one tool: the server's own name for it)",
+        args=(arg("name"), arg("tool", nargs="?")),
     ),
 )
 COMMANDS: tuple[Command, ...] = (
@@ -242,6 +257,16 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        "top",
+        "the fleet live: calls/s, p50/p99, oldest waiting age per queue and tenant",
+        fleet.top,
+        (
+            arg("--interval", type=float, default=2.0, metavar="S", help="seconds between frames (default 2)"),
+            arg("--once", action="store_true", help="print one frame and exit"),
+            arg("--format", choices=["table", "json"], default="table", help="json: with --once"),
+        ),
+    ),
+    Command(
         "shards",
         "the shards of TOOLWORKER_REDIS_SHARDS, or the one a tenant lives on",
         fleet.shards,
@@ -277,5 +302,14 @@ COMMANDS: tuple[Command, ...] = (
         actions=_CONNECTION_ACTIONS,
         actions_metavar=None,
         actions_dest="action",
+    ),
+    Command(
+        "upstreams",
+        "the upstreams (kind, protocol, tools, last refresh, error); refresh or accept an MCP upstream's",
+        upstreams.upstreams,
+        defaults={"action": "list"},
+        actions=_UPSTREAM_ACTIONS,
+        actions_dest="action",
+        actions_required=False,
     ),
 )

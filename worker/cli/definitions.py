@@ -13,19 +13,41 @@ from worker.cli.checks import check_redis
 from worker.cli.output import print_table, progress
 from worker.connections import RedisUnavailable, sync_client
 from worker.redaction import mask_url
-from worker.settings import get_settings
+from worker.settings import Settings, get_settings
 
 
 def load_toolset(paths: list[Path]) -> Any:
-    """The definitions as a worker serves them (built-in catalog tools included) when no path is given."""
+    """The definitions as a worker serves them (built-in catalog tools, MCP upstreams' tools as listed) when no
+    path is given."""
     from worker.definitions import file_store
     from worker.definitions.builtin import served_toolset
+    from worker.definitions.mcp_tools import with_listings
     from worker.http.egress import EgressPolicy
 
-    if paths:
-        return file_store.load(paths)
+    if paths:  # files checked on their own: the fleet's listings are not read
+        return with_listings(file_store.load(paths), {})
     settings = get_settings()
-    return served_toolset(file_store.load([settings.definitions]), EgressPolicy.parse(settings.egress_allow).enabled)
+    defined = _with_listings(file_store.load([settings.definitions]), settings)
+    return served_toolset(defined, EgressPolicy.parse(settings.egress_allow).enabled)
+
+
+def _with_listings(toolset: Any, settings: Settings) -> Any:
+    """The toolset with the MCP upstreams' tools as stored in Redis (none when Redis is not reachable)."""
+    from redis.exceptions import RedisError
+
+    from worker.definitions import listings
+    from worker.definitions.mcp_tools import with_listings
+
+    if not any(upstream.mcp for upstream in toolset.upstreams.values()):
+        return toolset
+    client = sync_client(settings.redis_url, socket_connect_timeout=2, socket_timeout=10)
+    try:
+        return with_listings(toolset, listings.read(client))
+    except RedisError as exc:
+        print(f"MCP upstreams' listings not read (Redis: {exc})", file=sys.stderr)
+        return with_listings(toolset, {})
+    finally:
+        client.close()
 
 
 def tools(args: argparse.Namespace) -> int:
@@ -110,6 +132,8 @@ def validate(args: argparse.Namespace) -> int:
     toolset = load_toolset(args.paths)
     for problem in toolset.problems:
         print(problem, file=sys.stderr)
+    for notice in toolset.notices:
+        print(f"notice: {notice}", file=sys.stderr)
     for unset in unset_settings(toolset, os.environ):
         print(f"unset: {unset}", file=sys.stderr)
     count = len(toolset.problems) + _access_problems()

@@ -1,4 +1,4 @@
-"""The commands that look at the fleet: `queue`, `shards` and `health`."""
+"""The commands that look at the fleet: `queue`, `top`, `shards` and `health`."""
 
 from __future__ import annotations
 
@@ -30,15 +30,24 @@ def queue(args: argparse.Namespace) -> int:
             client.close()
     for problem in problems:
         print(f"toolworker queue: {problem}", file=sys.stderr)
-    columns = ["queue", "tenant", "waiting", "queued", "in_flight"]
+    columns = ["queue", "tenant", "waiting", "queued", "in_flight", "oldest_waiting_s", "oldest_running_s"]
     if not settings.shards.sharded:
         rows = [{k: v for k, v in row.items() if k != "shard"} for row in rows]
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
-        print_table(rows, ["shard", *columns] if settings.shards.sharded else columns)
+        shown = [{k: "-" if v is None else v for k, v in row.items()} for row in rows]
+        print_table(shown, ["shard", *columns] if settings.shards.sharded else columns)
         print("waiting: messages in the tenant's lists; queued: calls counted at enqueue; in_flight: calls running")
+        print("oldest_waiting_s, oldest_running_s: age of the oldest call waiting, running (since its enqueue)")
     return 1 if problems else 0
+
+
+def top(args: argparse.Namespace) -> int:
+    """`toolworker top`: the fleet live in a terminal (worker/top.py)."""
+    from worker.top import run
+
+    return run(args)
 
 
 def shards(args: argparse.Namespace) -> int:

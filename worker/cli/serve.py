@@ -23,12 +23,17 @@ _RESTARTS_ENV = "TOOLWORKER_RESTARTS"
 
 
 def _queue_gauges(settings: Settings, queues: str | None) -> list[Any]:
-    """The queue depth and in-flight gauges of the queues this worker consumes."""
+    """The queue depth, in-flight and age gauges of the queues this worker consumes (the ages over every
+    shard; the depth and in-flight of the home one)."""
 
+    from worker.queue.ages import QueueAges
     from worker.queue.depth import QueueDepth
 
-    client = sync_client(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-    return [QueueDepth(client, [q.strip() for q in (queues or DEFAULT_QUEUE).split(",") if q.strip()])]
+    options: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+    client = sync_client(settings.redis_url, **options)
+    shards = [client] + [sync_client(shard.url, **options) for shard in settings.shards.all[1:]]
+    served = [q.strip() for q in (queues or DEFAULT_QUEUE).split(",") if q.strip()]
+    return [QueueDepth(client, served), QueueAges(shards, served)]
 
 
 def worker(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST
+from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, KIND_MCP
 from worker.definitions.model import (
     DEFAULT_TASK_MODE,
     DEFINITIONS_KEYWORDS,
@@ -250,6 +250,8 @@ def _mcp_entry(item: ToolLike, d: Mapping[str, JSON]) -> dict[str, JSON]:
     }
     if d.get("outputSchema") is not None:
         entry["outputSchema"] = d["outputSchema"]
+    if isinstance(item, Tool) and item.title:
+        entry["title"] = item.title
     return entry
 
 
@@ -267,10 +269,12 @@ _CATALOG_HINTS = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint":
 _ANY_METHOD_HINTS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True}
 
 
-def _mcp_annotations(item: ToolLike, method: str) -> dict[str, bool]:
+def _mcp_annotations(item: ToolLike, method: str) -> dict[str, JSON]:
     """Hints from what answers the tool: the built-in tools by their kind (their method is a placeholder),
     the others from the HTTP method."""
     kind = item.kind if isinstance(item, Tool) else KIND_DEFINED
+    if isinstance(item, Tool) and kind == KIND_MCP:  # the server's own hints, else MCP's defaults
+        return dict(item.annotations or _ANY_METHOD_HINTS)
     if kind == KIND_CATALOG:
         return dict(_CATALOG_HINTS)
     if kind == KIND_HTTP_REQUEST:

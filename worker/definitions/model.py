@@ -169,6 +169,27 @@ class Auth:
         return [t for t in (*fields, *endpoints, self.client_secret, *self.extra_params.values()) if t is not None]
 
 
+MCP_TRANSPORTS = ("streamable_http", "sse")
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """An upstream that is an MCP server (docs/guides/mcp-upstreams.md): where it is, and which of its tools
+    are served under which names."""
+
+    url: Template
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    # None: `<upstream>_`; "" keeps the server's names.
+    prefix: str | None = None
+    refresh_s: float = constants.DEFAULT_MCP_REFRESH_S
+    # A changed or new tool is withheld until an operator accepts it.
+    pin: bool = False
+    transport: str = "streamable_http"  # one of MCP_TRANSPORTS
+    # Tools whose taskSupport is `optional` are called as upstream tasks too.
+    tasks: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Upstream:
     name: str
@@ -193,6 +214,8 @@ class Upstream:
     approval: Approval | None = None
     cache: CachePolicy | None = None
     source: Source = Source("<builtin>")
+    # An MCP server (its tools come from its `tools/list`); None: an HTTP API at `base_url`.
+    mcp: McpServer | None = None
 
 
 class Transform(Protocol):
@@ -261,6 +284,10 @@ class Tool:
     pagination: Pagination | None = None
     # The tool's own; None: its upstream's (see `cache_policy`).
     cache: CachePolicy | None = None
+    # An MCP upstream's tool: its name on the server, its title and annotations as the server gave them.
+    remote_name: str | None = None
+    title: str | None = None
+    annotations: Mapping[str, JSON] | None = None
 
     @cached_property
     def input_schema(self) -> Mapping[str, JSON]:
@@ -313,6 +340,8 @@ class ToolSet:
     # Tool name -> why it cannot be used (exit 78 when called).
     unusable: dict[str, str] = field(default_factory=dict)
     tenants: dict[str, Tenant] = field(default_factory=dict)
+    # What is worth saying but breaks nothing (an MCP upstream not listed yet, and why).
+    notices: list[Problem] = field(default_factory=list)
 
     def tenant(self, name: str) -> Tenant:
         """A tenant's limits: its own, else the default tenant's (under its own name)."""

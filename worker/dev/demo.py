@@ -9,14 +9,14 @@ from aiohttp import web
 
 from worker.dev import authserver
 
-_TICKETS = {
+TICKETS = {
     "TICKET-123": {"id": "TICKET-123", "status": "open", "priority": "high", "title": "Checkout fails on Safari"},
     "TICKET-124": {"id": "TICKET-124", "status": "closed", "priority": "low", "title": "Typo on pricing page"},
 }
 
 
 async def ticket(request: web.Request) -> web.Response:
-    found = _TICKETS.get(request.match_info["ticket_id"])
+    found = TICKETS.get(request.match_info["ticket_id"])
     if found is None:
         return web.json_response({"error": "no such ticket"}, status=404)
     return web.json_response({**found, "history": [{"at": "2026-11-20T09:12:00Z", "change": "opened"}]})
@@ -24,7 +24,7 @@ async def ticket(request: web.Request) -> web.Response:
 
 async def search_tickets(request: web.Request) -> web.Response:
     status = request.query.get("status")
-    return web.json_response([t for t in _TICKETS.values() if status in (None, t["status"])])
+    return web.json_response([t for t in TICKETS.values() if status in (None, t["status"])])
 
 
 async def create_ticket(request: web.Request) -> web.Response:

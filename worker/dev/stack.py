@@ -15,6 +15,7 @@ from worker.settings import get_settings
 
 DEV_REDIS_PORT = 6390
 DEMO_PORT = 8765
+DEMO_MCP_PORT = 8766
 GATEWAY_PORT = 8780
 
 
@@ -27,6 +28,8 @@ def run_dev_stack(flower_port: int = 5555) -> int:
         env["TOOLWORKER_REDIS_URL"] = server.url
     demo_port = DEMO_PORT if _port_free(DEMO_PORT) else free_port()
     env.setdefault("TOOLWORKER_DEMO_URL", f"http://127.0.0.1:{demo_port}")
+    demo_mcp_port = DEMO_MCP_PORT if _port_free(DEMO_MCP_PORT) else free_port()
+    env.setdefault("TOOLWORKER_DEMO_MCP_URL", f"http://127.0.0.1:{demo_mcp_port}/mcp")
     env.setdefault("TOOLWORKER_LOG_FORMAT", "console")
     gateway_port = GATEWAY_PORT if _port_free(GATEWAY_PORT) else free_port()
     env.setdefault("TOOLWORKER_GATEWAY_PUBLIC_URL", f"http://127.0.0.1:{gateway_port}")
@@ -47,9 +50,12 @@ def _start_processes(
 ) -> dict[str, subprocess.Popen[bytes]]:
     python = sys.executable
     demo = f"from worker.dev.demo import serve; serve('127.0.0.1', {demo_port})"
+    demo_mcp_port = int(env["TOOLWORKER_DEMO_MCP_URL"].rsplit(":", 1)[1].split("/")[0])
+    demo_mcp = f"from worker.dev.demo_mcp import serve; serve('127.0.0.1', {demo_mcp_port})"
     flower = ["-m", "celery", "-A", "worker.app", "flower", f"--port={flower_port}", "--address=127.0.0.1"]
     commands = {
         "demo": [python, "-c", demo],
+        "demo_mcp": [python, "-c", demo_mcp],
         "worker": [python, "-m", "worker", "worker", "-n", "dev@%h"],
         "flower": [python, *flower],
         "gateway": [python, "-m", "worker", "gateway", "--host", "127.0.0.1", "--port", str(gateway_port)],

@@ -44,6 +44,7 @@ from worker.gateway.rest import document as openapi_document
 from worker.gateway.rest.connections import Connections
 from worker.gateway.rest.operations import error
 from worker.gateway.rest.routes import Rest
+from worker.gateway.rest.upstreams import Upstreams
 from worker.gateway.toolserver import ToolServer
 from worker.heap import settle_heap
 from worker.settings import Settings
@@ -140,6 +141,7 @@ def _transport(server: Server[Any], settings: Settings, json_response: bool) -> 
 def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:
     timeout_s = settings.gateway_call_timeout_seconds
     yield from Rest(calls, timeout_s).routes()
+    yield from Upstreams(calls, settings).routes()
     if calls.delegation is not None:
         yield from Connections(calls, calls.delegation).routes()
     yield from ToolServer(calls, timeout_s, version()).routes()

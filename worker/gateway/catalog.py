@@ -21,7 +21,8 @@ import structlog
 from redis.exceptions import RedisError
 
 from worker.connections import sync_client
-from worker.definitions import builtin, catalog, file_store, redis_store
+from worker.definitions import builtin, catalog, file_store, listings, redis_store
+from worker.definitions.mcp_tools import Listing, with_listings
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.gateway.identity.principals import Grant
 from worker.http.egress import EgressPolicy
@@ -120,6 +121,10 @@ class Catalog:
         self._watcher: asyncio.Task[None] | None = None
         self._loaded = False
         self.snapshot = Snapshot(0, ToolSet())
+        # The definitions as loaded, and the MCP upstreams' listings served with them (followed in Redis).
+        self._defined: tuple[int, ToolSet, str | None] = (0, ToolSet(), None)
+        self._listings: dict[str, Listing] = {}
+        self._listings_watcher: asyncio.Task[None] | None = None
 
     @property
     def ttl_ms(self) -> int:
@@ -130,6 +135,10 @@ class Catalog:
         self._listeners.append(listener)
 
     async def start(self, client: aioredis.Redis) -> None:
+        with contextlib.suppress(RedisError):
+            self._listings = await listings.read_async(client)
+        follow = listings.follow(client, -1, self._settings.store_poll_seconds, self._relist, self._serves_mcp)
+        self._listings_watcher = asyncio.get_running_loop().create_task(follow)
         if self._settings.store == "file":
             await self._start_announced(client)
             return
@@ -179,14 +188,26 @@ class Catalog:
         self._replace(0, await asyncio.to_thread(file_store.load, [folder]))
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        for watcher in (self._watcher, self._listings_watcher):
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+    def _serves_mcp(self) -> bool:
+        return listings.has_mcp(self._defined[1])
+
+    def _relist(self, found: dict[str, Listing]) -> None:
+        """Serve the MCP upstreams' newly stored listings (clients hear that the tools changed)."""
+        if found != self._listings:
+            self._listings = found
+            self._replace(*self._defined)
 
     def _replace(self, version: int, toolset: ToolSet, digest: str | None = None) -> None:
         changed, self._loaded = self._loaded, True
-        self.snapshot = Snapshot(version, with_tags(served_toolset(toolset, self._settings), self._tags))
+        self._defined = (version, toolset, digest)
+        served = served_toolset(with_listings(toolset, self._listings), self._settings)
+        self.snapshot = Snapshot(version, with_tags(served, self._tags))
         tools, tags = len(self.snapshot.names), list(self._tags)
         log.info("gateway.definitions_loaded", version=version, digest=digest, tools=tools, tags=tags)
         if changed:  # the first load changes nothing a client has seen

@@ -23,6 +23,7 @@ from worker.queue import approvals
 from worker.queue.outcome import PublishFailed
 from worker.queue.service import Service, build_service
 from worker.settings import get_settings
+from worker.upstreams.background import upstream_work
 
 # How long a message whose result could not be published waits before it goes back to the queue.
 REQUEUE_PAUSE_S = 0.5
@@ -53,6 +54,14 @@ def process_service() -> Service:
                     service.switch,
                 )
                 beside.append(asyncio.run_coroutine_threadsafe(follow, process_loop().loop))
+            for work in upstream_work(
+                service.runtime,
+                lambda: service.defined,
+                service.relist,
+                settings.store_poll_seconds,
+                settings.audit_stream_maxlen,
+            ):  # MCP upstreams: their listings refreshed when due, and served as stored
+                beside.append(asyncio.run_coroutine_threadsafe(work, process_loop().loop))
             _service = (os.getpid(), service, beside)
         return _service[1]
 

@@ -23,14 +23,17 @@ from worker.call.run import run_call
 from worker.call.runtime import Runtime
 from worker.call.vault import Keyring
 from worker.connections import connect, sync_client
-from worker.definitions import file_store, redis_store
+from worker.constants import DEFAULT_QUEUE
+from worker.definitions import file_store, listings, redis_store
 from worker.definitions.builtin import served_toolset
+from worker.definitions.mcp_tools import Listing, with_listings
 from worker.definitions.model import ToolSet
 from worker.envelope import ToolResult
 from worker.errors import CallbackRefused
 from worker.http.egress import EgressPolicy, check_callback
 from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall, parse_call, reply_stream
+from worker.queue import activity
 from worker.queue.approvals import PARKED_NOW, Gate
 from worker.queue.outcome import PublishFailed
 from worker.queue.publisher import Publisher
@@ -56,6 +59,9 @@ class Service:
         self.gate = gate
         # The webhooks of this process (worker/queue/webhooks.py); None: callbacks are refused.
         self.deliveries = deliveries
+        # The definitions as published, and the MCP upstreams' listings served with them.
+        self.defined = ToolSet() if runtime is None else runtime.toolset
+        self.listings: dict[str, Listing] = {}
 
     async def serve(
         self, messages: list[Any], task_id: str, batch: bool, redelivered: bool = True, over_quota: int | None = None
@@ -141,17 +147,32 @@ class Service:
         tool = call.tool if upstream is not None else metrics.UNRESOLVED_TOOL  # the model's text is no name
         with tracing.serving(tool, call.call_id, context, call.enqueued_at, received_at, call.tenant) as span:
             result = await run_call(call, self.runtime, received_at)
+            activity.observe(self._queue_of(upstream), call.tenant, result.exit_code == 0, result.duration_ms / 1000)
             error_type = None if result.error is None else str(result.error.get("type"))
             tracing.answered(span, upstream, result.exit_code, result.status_code, result.attempts, error_type)
             with tracing.publishing(tool):
                 await self._publish(result, reply_to, call.callback.url if call.callback else None)
         return result
 
+    def _queue_of(self, upstream: str | None) -> str:
+        found = self.runtime.toolset.upstreams.get(upstream) if upstream is not None else None
+        return found.queue if found is not None and found.queue else DEFAULT_QUEUE
+
     async def switch(self, version: int, toolset: ToolSet) -> None:
         """Serve a newly published definitions version from the next call on."""
-        self.runtime.swap(served_toolset(_loaded(toolset, f"redis v{version}"), self.runtime.policy.enabled))
+        self.defined = _loaded(toolset, f"redis v{version}")
+        self._serve()
         self.definitions_version = version
         await asyncio.to_thread(_share_tenants, get_settings(), toolset)
+
+    def relist(self, found: dict[str, Listing]) -> None:
+        """Serve the MCP upstreams' newly stored listings from the next call on."""
+        self.listings = found
+        self._serve()
+
+    def _serve(self) -> None:
+        served = with_listings(self.defined, self.listings)
+        self.runtime.swap(served_toolset(served, self.runtime.policy.enabled))
 
     async def close(self) -> None:
         if self.deliveries is not None:
@@ -209,8 +230,9 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
     # calls taken here are answered, parked and called back on the shard they came from (worker/shards.py).
     home = connect(settings.redis_url)
     queue = home if settings.queue_url == settings.redis_url else connect(settings.queue_url)
+    found = _listings(settings)
     runtime = Runtime(
-        toolset=served_toolset(toolset, policy.enabled),
+        toolset=served_toolset(with_listings(toolset, found), policy.enabled),
         environ=dict(os.environ),
         transport=HttpTransport(policy, settings.dns_server_list),
         policy=policy,
@@ -221,7 +243,18 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
     wake = deliveries.wake if deliveries is not None else None
     publisher = Publisher(queue, settings.result_ttl_seconds, settings.reply_stream_maxlen, wake)
     gate = Gate(queue, runtime, settings.approval_ttl_seconds, settings.result_ttl_seconds)
-    return Service(runtime, publisher, version, gate, deliveries)
+    service = Service(runtime, publisher, version, gate, deliveries)
+    service.defined, service.listings = toolset, found
+    return service
+
+
+def _listings(settings: Settings) -> dict[str, Listing]:
+    """The MCP upstreams' listings stored so far."""
+    client = sync_client(settings.redis_url)
+    try:
+        return listings.read(client)
+    finally:
+        client.close()
 
 
 def _deliveries(settings: Settings, client: aioredis.Redis) -> Deliveries | None:

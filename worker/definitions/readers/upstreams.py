@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from worker import constants
 from worker.definitions.model import (
@@ -14,6 +14,7 @@ from worker.definitions.model import (
     Auth,
     CachePolicy,
     CircuitPolicy,
+    McpServer,
     RateLimit,
     RetryPolicy,
     Source,
@@ -104,8 +105,22 @@ _REQUIRED = {
 }
 
 
+class McpModel(StrictModel):
+    """`mcp:` of an upstream that is an MCP server; `include`/`exclude` are globs on the server's tool names."""
+
+    url: str = Field(pattern=r"^(https?://|\$\{env:)")
+    include: list[str] = ["*"]
+    exclude: list[str] = []
+    prefix: str | None = Field(None, max_length=63)
+    refresh_seconds: float = Field(constants.DEFAULT_MCP_REFRESH_S, ge=1)
+    pin: bool = False
+    transport: Literal["streamable_http", "sse"] = "streamable_http"
+    tasks: bool = False
+
+
 class UpstreamModel(StrictModel):
-    base_url: str
+    base_url: str | None = None
+    mcp: McpModel | None = None
     timeout_seconds: float = Field(constants.DEFAULT_UPSTREAM_TIMEOUT_S, gt=0)
     connect_timeout_seconds: float = Field(constants.DEFAULT_CONNECT_TIMEOUT_S, gt=0)
     headers: dict[str, str] = {}
@@ -122,6 +137,12 @@ class UpstreamModel(StrictModel):
     auth: AuthModel | None = None
     approval: ApprovalSetting | None = None
     cache: CacheModel | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> UpstreamModel:
+        if (self.base_url is None) == (self.mcp is None):
+            raise ValueError("an upstream has either base_url (an HTTP API) or mcp: (an MCP server), not both")
+        return self
 
 
 def build_cache(model: CacheModel | None) -> CachePolicy | None:
@@ -177,8 +198,25 @@ def build_auth(name: str, model: AuthModel) -> Auth:
     )
 
 
+def build_mcp(name: str, model: McpModel) -> McpServer:
+    url = Template.parse(model.url)
+    if url.arg_names:
+        raise ValueError(f"upstream {name!r}: mcp url may use ${{env:...}} but not arguments")
+    return McpServer(
+        url=url,
+        include=tuple(model.include),
+        exclude=tuple(model.exclude),
+        prefix=model.prefix,
+        refresh_s=model.refresh_seconds,
+        pin=model.pin,
+        transport=model.transport,
+        tasks=model.tasks,
+    )
+
+
 def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
-    base_url = Template.parse(model.base_url)
+    mcp = None if model.mcp is None else build_mcp(name, model.mcp)
+    base_url = mcp.url if mcp is not None else Template.parse(model.base_url or "")
     if base_url.arg_names:
         raise ValueError(f"upstream {name!r}: base_url may use ${{env:...}} but not arguments")
     retry = model.retry
@@ -208,4 +246,5 @@ def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
         approval=build_approval(model.approval),
         cache=build_cache(model.cache),
         source=source,
+        mcp=mcp,
     )

@@ -70,3 +70,14 @@ def structured_content(envelope: ToolResult, protocol_version: str | None) -> tu
 
 def declares_schema(entry: Mapping[str, Any] | None) -> bool:
     return entry is not None and entry.get("outputSchema") is not None
+
+
+def upstream_blocks(envelope: ToolResult, content: list[Any]) -> list[Any]:
+    """An MCP upstream's content blocks as they came (an image stays an image), in place of the text made
+    from them; when its text was cut, the cut text with the blocks that are not text. Other tools: `content`."""
+    if envelope.content is None or envelope.exit_code not in (0, 22):
+        return content
+    blocks = list(envelope.content)
+    if envelope.truncated:
+        blocks = content[:1] + [block for block in blocks if block.get("type") != "text"]
+    return blocks + content[1:]

@@ -41,6 +41,7 @@ def tool_result(
     )
     if notes:
         result["content"].append({"type": "text", "text": "\n".join(notes)})
+    result["content"] = output.upstream_blocks(envelope, result["content"])
     if present:
         result["structuredContent"] = value
     return result

@@ -18,11 +18,11 @@ from typing import Any
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from worker.gateway.rest import connections, routes
+from worker.gateway.rest import connections, routes, upstreams
 from worker.gateway.rest.operations import Answer, Operation
 
 JSON = dict[str, Any]
-OPERATIONS = [*routes.OPERATIONS, *connections.OPERATIONS]
+OPERATIONS = [*routes.OPERATIONS, *connections.OPERATIONS, *upstreams.OPERATIONS]
 TITLE = "toolworker gateway"
 DESCRIPTION = "Tool calls for LLM agents, run by a fleet of workers through a queue."
 BEARER = {

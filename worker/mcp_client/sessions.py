@@ -1,0 +1,180 @@
+"""One session per MCP server per process, reused by every call: the SDK's `Client` (protocol 2026-07-28 where
+the server offers it, else `initialize`), entered in a task of its own that holds it open until the process
+closes it (the transport then ends the session with DELETE). A session the server no longer knows (404) is
+opened again and the request, refused unread, sent again once; a session whose connection broke is opened
+again by the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import structlog
+from mcp.client import Client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import HEADER_MISMATCH, CallToolResult
+
+from worker import errors
+from worker.mcp_client.failures import Unsent, mapped, session_gone
+from worker.mcp_client.spec import ServerSpec
+
+log = structlog.get_logger("toolworker.mcp")
+# How long a server's streams may stay silent before the SDK gives up on them (its own default).
+STREAM_READ_TIMEOUT_S = 300.0
+# Pages of tools/list read at most (a server whose cursors never end).
+MAX_LIST_PAGES = 100
+
+
+class Held:
+    """A session held open by a task of its own (the SDK's task groups live and die in the task that
+    entered them), until `close`."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self._stop = asyncio.Event()
+        self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.get_running_loop().create_task(self._hold(), name=f"mcp-session-{spec.name}")
+
+    async def client(self) -> Client:
+        return await asyncio.shield(self._ready)
+
+    @property
+    def alive(self) -> bool:
+        return not self._task.done()
+
+    async def _hold(self) -> None:
+        try:
+            async with _client(self.spec) as client:
+                self._ready.set_result(client)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            else:
+                log.info("mcp.session_ended", upstream=self.spec.name, reason=type(exc).__name__)
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                raise
+
+    async def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self._task, self.spec.timeout_s)
+        if not self._ready.done():
+            self._ready.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _client(spec: ServerSpec) -> AsyncIterator[Client]:
+    """The SDK's client of one server, its handshake done."""
+    headers = dict(spec.headers)
+    timeout = httpx2.Timeout(spec.timeout_s, connect=spec.connect_timeout_s, read=STREAM_READ_TIMEOUT_S)
+    if spec.transport == "sse":
+        transport: Any = sse_client(spec.url, headers, spec.connect_timeout_s, STREAM_READ_TIMEOUT_S)
+        mode = "legacy"
+    else:
+        http = create_mcp_http_client(headers=headers, timeout=timeout)
+        transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
+    async with Client(transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s) as client:
+        yield client
+
+
+async def _sent(client: Client, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
+    """`tools/call` on the session itself (a third of the client's work per call, measured); a server that
+    wants the tool listed first (HEADER_MISMATCH) is answered through the client, which lists and sends again."""
+    try:
+        result = await client.session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+    except MCPError as exc:
+        if exc.code != HEADER_MISMATCH:
+            raise
+        return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+    if not isinstance(result, CallToolResult):  # only asked-for shapes (input rounds, claims) differ
+        raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
+    return result
+
+
+class Sessions:
+    """The sessions of one process, one per server, opened on first use."""
+
+    def __init__(self) -> None:
+        # By the whole spec: a server reached with different credentials (each user's token) is a session each.
+        self._held: dict[ServerSpec, Held] = {}
+        self._locks: dict[ServerSpec, asyncio.Lock] = {}
+        self.handshakes = 0
+
+    async def client(self, spec: ServerSpec) -> Client:
+        """The server's open session; opened now when there is none, or the one there was has ended."""
+        held = self._held.get(spec)
+        if held is not None and held.alive:
+            return await held.client()
+        async with self._locks.setdefault(spec, asyncio.Lock()):
+            held = self._held.get(spec)
+            if held is None or not held.alive:
+                if held is not None:
+                    await held.close()
+                held = self._held[spec] = Held(spec)
+                self.handshakes += 1
+            try:
+                return await asyncio.wait_for(held.client(), spec.connect_timeout_s + spec.timeout_s)
+            except BaseException as exc:
+                self._held.pop(spec, None)
+                await held.close()
+                raise mapped(exc, spec.name) from exc
+
+    async def call_tool(
+        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
+    ) -> CallToolResult:
+        """`tools/call` on the server's session (a new session and once again when the server lost it);
+        a timeout sends `notifications/cancelled` (the SDK's). Unsent: no session could be opened."""
+        for last in (False, True):
+            try:
+                client = await self.client(spec)
+            except errors.ToolError as exc:
+                raise Unsent(exc) from exc
+            try:
+                return await _sent(client, name, arguments, max(timeout_s, 0.001))
+            except Exception as exc:
+                if session_gone(exc) and not last:
+                    await self.forget(spec)
+                    continue
+                if not self._alive(spec):  # the connection broke: the next call opens a new session
+                    await self.forget(spec)
+                raise mapped(exc, spec.name) from exc
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    async def list_tools(self, spec: ServerSpec) -> tuple[str, list[dict[str, Any]]]:
+        """The protocol version negotiated and every tool the server lists (every page)."""
+        client = await self.client(spec)
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        try:
+            for _ in range(MAX_LIST_PAGES):
+                page = await client.list_tools(cursor=cursor)
+                tools.extend(tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in page.tools)
+                cursor = page.next_cursor
+                if cursor is None:
+                    return client.protocol_version, tools
+        except Exception as exc:
+            await self.forget(spec)
+            raise mapped(exc, spec.name) from exc
+        raise errors.ReceiveFailed(f"The MCP server {spec.name!r} listed more than {MAX_LIST_PAGES} pages of tools.")
+
+    def _alive(self, spec: ServerSpec) -> bool:
+        held = self._held.get(spec)
+        return held is not None and held.alive
+
+    async def forget(self, spec: ServerSpec) -> None:
+        held = self._held.pop(spec, None)
+        if held is not None:
+            await held.close()
+
+    async def close(self) -> None:
+        """End every session (DELETE where the transport has a session id)."""
+        held, self._held = list(self._held.values()), {}
+        await asyncio.gather(*(h.close() for h in held))

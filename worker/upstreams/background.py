@@ -1,0 +1,34 @@
+"""What a worker process runs beside its calls for the MCP upstreams: refreshing the listings that are due,
+and serving every listing stored (by any process) from the next call on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from worker.call.runtime import Runtime
+from worker.definitions import listings
+from worker.definitions.mcp_tools import Listing
+from worker.definitions.model import ToolSet
+from worker.upstreams.refresh import Refresher, refresh_forever
+
+
+def upstream_work(
+    runtime: Runtime,
+    defined: Callable[[], ToolSet],
+    relist: Callable[[dict[str, Listing]], None],
+    poll_s: float,
+    audit_maxlen: int,
+) -> list[Coroutine[Any, Any, None]]:
+    """The coroutines to run on the process's loop (none without Redis)."""
+    client: aioredis.Redis | None = runtime.redis
+    if client is None:
+        return []
+    refresher = Refresher(client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen)
+
+    def wanted() -> bool:
+        return listings.has_mcp(defined())
+
+    return [refresh_forever(refresher, defined), listings.follow(client, -1, poll_s, relist, wanted)]

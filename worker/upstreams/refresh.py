@@ -1,0 +1,117 @@
+"""Refreshing an MCP upstream's listing, now (`toolworker upstreams refresh`, REST) or when it is due (the
+workers, one process at a time per upstream through a Redis lock), and accepting what `pin` withheld.
+
+    refresh ─▶ credential (authorize, as for a call) ─▶ sessions.list_tools (every page)
+            ─▶ mcp_tools.merged (digests, changes, pin) ─▶ listings.write (+ audit records)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from worker import errors
+from worker.call.auth import TokenCache, authorize
+from worker.call.mcp_server import bare_request, spec_of
+from worker.constants import MCP_REFRESH_LOCK_PREFIX
+from worker.definitions import listings
+from worker.definitions.mcp_tools import Listing, accepted, kept, merged
+from worker.definitions.model import ToolSet, Upstream
+from worker.http.transport import HttpTransport
+from worker.mcp_client.sessions import Sessions
+from worker.protocol import ToolCall
+
+log = structlog.get_logger("toolworker.upstreams")
+# How often the workers look for an upstream whose refresh is due.
+DUE_CHECK_S = 5.0
+
+
+@dataclass
+class Refresher:
+    """What a refresh needs: Redis (listings, tokens), the MCP sessions, the environment, the audit's cap."""
+
+    redis: aioredis.Redis
+    sessions: Sessions
+    environ: Mapping[str, str]
+    transport: HttpTransport
+    audit_maxlen: int
+
+    async def refresh(self, upstream: Upstream) -> Listing:
+        """Read the server's tools now and store the listing; a server that fails keeps its last tools."""
+        assert upstream.mcp is not None
+        previous = await listings.read_one(self.redis, upstream.name)
+        now = time.time()
+        try:
+            protocol, tools = await self._listed(upstream)
+        except errors.ToolError as exc:
+            listing = replace(previous or Listing(upstream.name), tried_at=now, error=exc.message)
+            await listings.write(self.redis, listing, [], self.audit_maxlen)
+            log.warning("mcp.refresh_failed", upstream=upstream.name, error=exc.message)
+            return listing
+        found = {str(tool["name"]): kept(tool) for tool in tools}
+        served, pending, changes = merged(previous, upstream.name, found, upstream.mcp.pin)
+        listing = Listing(upstream.name, served, pending, protocol, now, now, None)
+        await listings.write(self.redis, listing, [c.record() for c in changes], self.audit_maxlen)
+        log.info("mcp.refreshed", upstream=upstream.name, tools=len(served), pending=len(pending))
+        return listing
+
+    async def _listed(self, upstream: Upstream) -> tuple[str, list[dict[str, object]]]:
+        deadline = time.time() + upstream.connect_timeout_s + upstream.timeout_s
+        call = ToolCall(call_id=f"refresh:{upstream.name}", tool="tools/list")
+        request, _ = await authorize(
+            bare_request(upstream, self.environ),
+            upstream,
+            call,
+            self.environ,
+            TokenCache(self.redis),
+            deadline,
+            self.transport,
+        )
+        return await self.sessions.list_tools(spec_of(upstream, request))
+
+    async def accept(self, upstream: str, tool: str | None) -> Listing:
+        """Serve what `pin` withheld (every tool, or the one named by the server's name); KeyError: nothing."""
+        listing = await listings.read_one(self.redis, upstream)
+        if listing is None:
+            raise KeyError(f"the upstream {upstream!r} has not been listed")
+        done = accepted(listing, tool)
+        names = sorted(set(listing.pending) - set(done.pending))
+        records = [{"kind": "mcp_tool_accepted", "upstream": upstream, "tool": name} for name in names]
+        await listings.write(self.redis, done, records, self.audit_maxlen)
+        return done
+
+    async def refresh_due(self, toolset: ToolSet) -> None:
+        """Refresh every MCP upstream whose `refresh_seconds` have passed, each by one process at a time."""
+        found = await listings.read_async(self.redis)
+        now = time.time()
+        for upstream in toolset.upstreams.values():
+            if upstream.mcp is None:
+                continue
+            listing = found.get(upstream.name)
+            if listing is not None and listing.tried_at is not None and now - listing.tried_at < upstream.mcp.refresh_s:
+                continue
+            lock = MCP_REFRESH_LOCK_PREFIX + upstream.name
+            if await self.redis.set(
+                lock, "1", nx=True, ex=max(1, int(upstream.connect_timeout_s + upstream.timeout_s))
+            ):
+                try:
+                    await self.refresh(upstream)
+                finally:
+                    await self.redis.delete(lock)
+
+
+async def refresh_forever(refresher: Refresher, toolset: Callable[[], ToolSet]) -> None:
+    """Refresh what is due, every DUE_CHECK_S, for as long as the task runs (through Redis outages)."""
+    while True:
+        try:
+            if listings.has_mcp(toolset()):  # no MCP upstream: nothing to read, Redis is not asked
+                await refresher.refresh_due(toolset())
+        except RedisError as exc:
+            log.warning("mcp.refresh_check_failed", error=str(exc))
+        await asyncio.sleep(DUE_CHECK_S)
