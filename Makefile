@@ -126,9 +126,7 @@ $(CHROMIUM):
 TEST_PROCESSES ?= 4
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder)
 
-# The checks first, side by side (each output kept whole); the suite only once all of them pass.
-test: install $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint check-deploy docs
+test: install lint check-deploy docs $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
 	$(BIN)/pytest $(XDIST)
 
 # The unit tests alone (no process started: tests/support/processes.py fails one that starts any).
