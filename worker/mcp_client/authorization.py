@@ -36,6 +36,7 @@ from yarl import URL
 from worker import errors
 from worker.http.egress import EgressPolicy
 from worker.http.transport import HttpTransport, Limits, PoolSpec, PreparedRequest
+from worker.mcp_client.failures import mapped
 
 MAX_METADATA_BYTES = 256 * 1024
 # The grants an end user's connection uses: offline_access is asked for only when the server offers it.
@@ -243,16 +244,15 @@ def _no_redirect(target: URL) -> None:
     )
 
 
-async def probe(url: str, headers: dict[str, str], timeout_s: float, verify_tls: bool) -> Challenge | None:
+async def probe(url: str, server_name: str, timeout_s: float, verify_tls: bool) -> Challenge | None:
     """The challenge the server answers a request without a token with; None when it needs none."""
-    request_headers = {
-        **headers,
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-    }
-    async with httpx2.AsyncClient(timeout=timeout_s, verify=verify_tls, follow_redirects=False) as client:
-        response = await client.post(url, content=PROBE_BODY, headers=request_headers)
-        status, www_authenticate = response.status_code, response.headers.get("WWW-Authenticate")
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    try:
+        async with httpx2.AsyncClient(timeout=timeout_s, verify=verify_tls, follow_redirects=False) as client:
+            response = await client.post(url, content=PROBE_BODY, headers=headers)
+    except (httpx2.HTTPError, OSError) as exc:
+        raise mapped(exc, server_name) from exc
+    status, www_authenticate = response.status_code, response.headers.get("WWW-Authenticate")
     if status not in (401, 403):
         return None
     return Challenge.of(status, www_authenticate)

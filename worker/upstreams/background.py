@@ -26,5 +26,7 @@ def upstream_work(
     client: aioredis.Redis | None = runtime.redis
     if client is None:
         return []
-    refresher = Refresher(client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen)
+    refresher = Refresher(
+        client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization
+    )
     return [refresh_forever(refresher, defined), listings.follow(client, -1, poll_s, relist)]
