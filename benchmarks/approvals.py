@@ -5,7 +5,7 @@ server) serves one call at a time of a GET tool whose upstream asks approval for
 needs none, but the check looks its rule up on every call. The same calls are served with the check
 (the service as built) and without it (the service's gate removed), taking turns round after round;
 each figure is the median of its rounds' p50s, from the message handed to the service to its envelope
-published. The upstream (benchmarks/upstream.py) answers at once with 1 KB.
+published. The upstream (benchmarks/harness/upstream.py) answers at once with 1 KB.
 
     .venv/bin/python -m benchmarks.approvals [--quick] [--rounds N]
 """

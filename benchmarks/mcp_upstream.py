@@ -5,7 +5,8 @@ runs it) that counts the handshakes it answers (`initialize`, `server/discover`)
 serving that server's tools and an HTTP tool on the 0 ms benchmark upstream. Each round, at the same
 concurrency:
 
-- direct: one SDK `Client` session calling `echo` from this process;
+- direct: one SDK `Client` session calling `echo` from this process (`client.session.call_tool`, as the
+  workers send it);
 - fleet: `AsyncToolClient` calls of `bench_echo` through the worker: calls/s, the server's handshakes per
   call (the worker keeps one session, so after its warm-up: 0) and the worker's CPU per call;
 - fleet, HTTP: the same number of calls of the HTTP tool, for the worker's CPU per HTTP call.
@@ -169,13 +170,14 @@ async def _limited(calls: int, concurrency: int, one: Callable[[int], Awaitable[
 
 async def _direct(mcp_url: str, calls: int, concurrency: int) -> float:
     from mcp import Client
+    from mcp.types import CallToolResult
 
     async with Client(f"{mcp_url}/mcp", cache=None) as client:
         await client.call_tool("echo", {"text": "warm"})
 
-        async def one(i: int) -> None:
-            result = await client.call_tool("echo", {"text": str(i)})
-            if result.is_error:
+        async def one(i: int) -> None:  # on the session, as the workers send (the cheaper of the SDK's two ways)
+            result = await client.session.call_tool("echo", {"text": str(i)})
+            if not isinstance(result, CallToolResult) or result.is_error:
                 raise RuntimeError(f"the direct call failed: {result.content}")
 
         return await _limited(calls, concurrency, one)

@@ -186,7 +186,7 @@ SECTIONS = (
         approvals.print_section,
     ),
     Section(
-        "mcp_upstream",
+        "mcp",
         "mcp upstream: through the fleet against a direct SDK session",
         "only the MCP upstream's rows (a minute)",
         lambda server, sizes, args: mcp_upstream.run(server.url, sizes.light_calls * 5, _rounds(args)),

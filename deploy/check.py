@@ -5,7 +5,7 @@
 Every metric name in a dashboard query or a rule must be a series the worker or the gateway serves
 (`up`, Prometheus's own, aside); names are read from the PromQL's syntax tree (promql-parser), and
 the series from the metric definitions themselves (prometheus-client's registries and the queue depth
-collector). With `--promtool`, every dashboard query is also checked by promtool's parser, as a
+and age collectors). With `--promtool`, every dashboard query is also checked by promtool's parser, as a
 recording rule. `make check-deploy` runs this after `promtool check rules` and `promtool test rules`.
 """
 
@@ -29,6 +29,7 @@ from prometheus_client.metrics_core import Metric
 
 import worker.metrics
 from worker.gateway import metrics as gateway_metrics
+from worker.queue.ages import QueueAges
 from worker.queue.depth import QueueDepth
 
 HERE = Path(__file__).resolve().parent
@@ -54,6 +55,7 @@ def exported_series() -> set[str]:
     assert worker.metrics.CALLS  # imported for its metrics, registered on the default registry
     families: list[Metric] = [*REGISTRY.collect(), *gateway_metrics.REGISTRY.collect()]
     families += QueueDepth(redis.Redis(), []).describe()  # never connects
+    families += QueueAges(redis.Redis(), []).describe()
     return {family.name + suffix for family in families for suffix in SUFFIXES[family.type]}
 
 

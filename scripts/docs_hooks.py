@@ -96,11 +96,11 @@ def undocumented_settings(markdown: str) -> str:
 
 def commands() -> dict[str, argparse.ArgumentParser]:
     """The `toolworker` parser and its subcommands' parsers, by name ("" for the top)."""
-    from worker.cli import _parser
+    from worker.cli import parser
 
-    parser = _parser()
-    found = {"": parser}
-    for action in parser._actions:
+    top = parser()
+    found = {"": top}
+    for action in top._actions:
         if isinstance(action, argparse._SubParsersAction):
             found.update(action.choices)
     return found

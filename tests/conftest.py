@@ -13,14 +13,24 @@ from pathlib import Path
 import pytest
 
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, closed_port, make_upstream
+from tests.support.waiting import scaled, wait_until
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
 from worker.settings import get_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Fixtures of shared stacks, for every module that asks for them: the gateway's (tests/support/gateway_stack.py),
-# the fault tests' misbehaving upstreams (tests/support/faults.py) and Redis Sentinel's (tests/support/sentinel.py).
-pytest_plugins = ["tests.support.gateway_stack", "tests.support.faults", "tests.support.sentinel"]
+# the fault tests' misbehaving upstreams (tests/support/faults.py) and Redis Sentinel's (tests/support/sentinel.py);
+# timeouts counted by the machine's load (tests/support/timeouts.py), the suite's spread over xdist's
+# processes (tests/support/distribution.py) and unit tests kept from starting processes (tests/support/processes.py).
+pytest_plugins = [
+    "tests.support.gateway_stack",
+    "tests.support.faults",
+    "tests.support.sentinel",
+    "tests.support.timeouts",
+    "tests.support.distribution",
+    "tests.support.processes",
+]
 SECRET_TOKEN = "s3cr3t-env-token-4242"
 
 
@@ -96,6 +106,21 @@ def start_worker(env: dict[str, str], log_path: Path, *extra: str) -> subprocess
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def wait_ready(process: subprocess.Popen[bytes], log_path: Path, processes: int = 1, timeout_s: float = 60) -> None:
+    """Until the worker's log says each of its `processes` (one per shard) is ready to take calls."""
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"the worker exited with {process.returncode}: {log_tail(log_path)}")
+        return log_path.exists() and log_path.read_text(errors="replace").count(" ready.") >= processes
+
+    wait_until(ready, timeout_s, f"{processes} worker processes ready ({log_path})")
+
+
+def log_tail(log_path: Path, chars: int = 3000) -> str:
+    return log_path.read_text(errors="replace")[-chars:] if log_path.exists() else ""
+
+
 def stop_worker(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
@@ -116,8 +141,9 @@ def worker(
     env = worker_env(redis_server.url, upstream.url, dns_server.address, FIXTURES / "integration")
     process = start_worker(env, log_path)
     handle = WorkerProcess(process, log_path, redis_server.url)
+    wait_ready(process, log_path)
     with ToolClient(redis_server.url) as client:
-        first = client.call("echo_get", {"item": "warm-up"}, timeout=60)
+        first = client.call("echo_get", {"item": "warm-up"}, timeout=scaled(60))
     assert first.exit_code == 0, (first.to_dict(), handle.log_text()[-3000:])
     yield handle
     stop_worker(process)

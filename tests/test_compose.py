@@ -149,6 +149,7 @@ def test_our_services_build_one_image() -> None:
     assert len({SERVICES[name]["image"] for name in OUR_SERVICES}) == 1
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", _toolworker_commands())
 def test_toolworker_commands_exist(command: list[str]) -> None:
     """The worker's command and healthcheck are `toolworker` subcommands with options the CLI accepts."""
@@ -160,6 +161,7 @@ def test_toolworker_commands_exist(command: list[str]) -> None:
         pytest.fail(f"`{' '.join(command)}` is refused by the CLI (exit {exc.code})")
 
 
+@pytest.mark.integration
 def test_flower_command_and_options_are_real() -> None:
     """Flower starts from our app; every option and FLOWER_* variable is one Flower knows (it drops unknown ones)."""
     from flower.command import is_flower_envvar

@@ -35,7 +35,7 @@ import yaml
 from tests.conftest import start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.support.servers import DnsServer, ServerThread
-from worker.cli import _parser
+from worker.cli import parser
 from worker.definitions.file_store import load
 from worker.dev.demo import make_app
 from worker.dev.embedded import EmbeddedRedis
@@ -234,6 +234,7 @@ def test_getting_started_python_call(demo_stack: str) -> None:
     assert run_snippet(block, demo_stack).splitlines() == ["0"]
 
 
+@pytest.mark.integration
 def test_documented_commands_exist() -> None:
     """Every `toolworker` subcommand the docs show is one, and answers --help."""
     text = docs_text()
@@ -310,6 +311,7 @@ def test_rest_and_cli_references_cover_the_code() -> None:
     assert "usage: toolworker call" in cli
 
 
+@pytest.mark.integration  # a definitions block runs `toolworker validate`
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in blocks_of("yaml", "yml")])
 def test_yaml_examples_are_valid(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every yaml block of the docs is a definitions file `toolworker validate` accepts, or a valid access file."""
@@ -345,7 +347,7 @@ def test_yaml_examples_are_valid(block: Block, tmp_path: Path, monkeypatch: pyte
 def _subcommands() -> dict[str, object]:
     import argparse
 
-    [action] = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    [action] = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(action.choices)
 
 
@@ -390,7 +392,7 @@ def test_shell_examples(block: Block, demo_stack: str) -> None:
             continue
         assert Path(argv[0]).name == "toolworker", f"{block.where}: {argv[0]!r} is not a command the docs run"
         try:
-            _parser().parse_args(argv[1:])
+            parser().parse_args(argv[1:])
         except SystemExit as exc:
             pytest.fail(f"{block.where}: `{shlex.join(argv)}` is refused by the CLI (exit {exc.code})")
         if argv[1] in RUNNABLE:

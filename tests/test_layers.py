@@ -17,9 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Top to bottom: the path of a call. A module may import its own layer's modules and any layer below.
 LAYERS: list[frozenset[str]] = [
-    frozenset({"worker.__main__", "worker.cli", "worker.app", "worker.dev"}),
+    frozenset({"worker.__main__", "worker.cli", "worker.app", "worker.dev", "worker.top"}),
     frozenset({"worker.gateway"}),
-    frozenset({"worker", "worker.client"}),
+    frozenset({"worker", "worker.client", "worker.watch"}),
     frozenset({"worker.queue", "worker.upstreams"}),
     frozenset({"worker.call"}),
     frozenset({"worker.http", "worker.mcp_client"}),

@@ -10,6 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -42,6 +43,7 @@ def test_locks_are_made_from_pyproject_as_it_is() -> None:
     assert stamped(LOCK) == stamped(DEV_LOCK) == fingerprint()
 
 
+@pytest.mark.integration
 def test_a_changed_dependency_makes_the_locks_stale(tmp_path: Path) -> None:
     """A dependency added to pyproject.toml after the lock was made is noticed, naming `make lock`; stamping
     the lock again (what `make lock` ends with) settles it."""

@@ -346,3 +346,22 @@ def test_upstreams_reads_the_published_definitions_with_the_redis_store(stack: S
     assert cli(published, "publish", str(stack.definitions)).returncode == 0
     listed = cli(published, "upstreams")
     assert listed.returncode == 0 and "legacy" in listed.stdout and "desk" in listed.stdout, listed.stderr
+
+
+@pytest.mark.integration
+def test_a_server_down_at_a_refresh_keeps_its_last_tools(stack: Stack, servers: tuple[McpServerProcess, ...]) -> None:
+    """The refresh fails, the listing says why (unavailable), and the tools listed before are still served."""
+    sdk = servers[1]
+    sdk.kill()
+    try:
+        refreshed = cli(stack, "upstreams", "refresh", "sdk")
+        summary = json.loads(refreshed.stdout)
+        assert summary["available"] is False and "connect" in summary["error"].lower(), refreshed.stdout
+        assert summary["tools"] > 0
+        listed = cli(stack, "upstreams").stdout
+        assert "sdk" in listed and "Could not connect" in listed, listed
+        names = {tool["name"] for tool in json.loads(cli(stack, "tools", "--format", "json").stdout)}
+        assert "sdk_add" in names
+    finally:
+        sdk.start()
+    assert json.loads(cli(stack, "upstreams", "refresh", "sdk").stdout)["available"] is True

@@ -195,6 +195,7 @@ def _run_child(env: dict[str, str], tool: str, circuit: str) -> int:
     return int(done.stdout)
 
 
+@pytest.mark.integration
 def test_multiprocess_mode_adds_up_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With PROMETHEUS_MULTIPROC_DIR, one server shows the sum of every process; exited ones drop their gauges."""
     directory = tmp_path / "prometheus"

@@ -14,8 +14,11 @@ from starlette.requests import Request
 from worker.definitions.model import Problem
 from worker.definitions.readers.openapi import import_openapi
 from worker.definitions.readers.openapi.refs import Node, Resolver
+from worker.gateway.rest import connections, routes, upstreams
+from worker.gateway.rest import document as document_module
 from worker.gateway.rest.bodies import BadBody, json_body, parse
 from worker.gateway.rest.document import document
+from worker.gateway.rest.operations import Operation, served
 
 METHODS = {"get", "post", "put", "patch", "delete"}
 
@@ -111,3 +114,74 @@ async def test_a_body_that_is_not_json_is_400(raw: bytes) -> None:
     with pytest.raises(BadBody) as raised:
         await json_body(request(raw))
     assert raised.value.status == 400 and "not valid JSON" in raised.value.message
+
+
+def get(path: str, query: bytes, path_params: dict[str, str] | None = None) -> Request:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query, "headers": []}
+    return Request({**scope, "path_params": path_params or {}}, receive)
+
+
+def operation(operation_id: str) -> Operation:
+    return next(op for op in document_module.OPERATIONS if op.operation_id == operation_id)
+
+
+def test_the_routes_served_are_the_operations_documented() -> None:
+    """Every operation of the table is a served route (convertors and all) and an operation of the document,
+    with the same method and path; nothing else is documented."""
+    served_routes = [
+        (method.lower(), route.path_format)
+        for owner, table in (
+            (object(), routes.OPERATIONS),
+            (object(), connections.OPERATIONS),
+            (object(), upstreams.OPERATIONS),
+        )
+        for route in served(table, owner)
+        for method in route.methods or ()
+        if method != "HEAD"
+    ]
+    doc = document("http://127.0.0.1:8780", "0")
+    documented = [(method, path) for path, item in doc["paths"].items() for method in item if method in METHODS]
+    assert sorted(served_routes) == sorted(documented)
+    assert ("delete", "/v1/connections/{upstream}") in documented  # the convertor stays out of the document
+
+
+async def test_a_query_is_read_with_its_model() -> None:
+    """A repeated parameter is a list; integers are digits only (no `5.0`, no `1_0`), as the document types them."""
+    inputs = await operation("listTools").read_inputs(get("/v1/tools", b"tag=a&tag=b&format=mcp"))
+    assert inputs["query"].tag == ["a", "b"] and inputs["query"].format == "mcp"
+    assert (await operation("searchTools").read_inputs(get("/v1/tools/search", b"question=x&top_k=7")))[
+        "query"
+    ].top_k == 7
+    for top_k in (b"5.0", b"1_0", b"+5", b"51"):
+        with pytest.raises(BadBody) as raised:
+            await operation("searchTools").read_inputs(get("/v1/tools/search", b"question=x&top_k=" + top_k))
+        assert raised.value.status == 422 and raised.value.problems[0]["field"] == "top_k"
+
+
+async def test_a_path_parameter_is_checked_with_its_type() -> None:
+    """A callId longer than the document allows is a 422 naming the parameter."""
+    long = "c" * 257
+    with pytest.raises(BadBody) as raised:
+        await operation("getCall").read_inputs(get(f"/v1/calls/{long}", b"", {"callId": long}))
+    assert raised.value.status == 422 and raised.value.problems[0]["field"] == "callId"
+
+
+@pytest.mark.parametrize(
+    ("operation_id", "path", "path_params"),
+    [
+        ("openConnectLink", "/v1/connections/people/authorize", {"upstream": "people"}),
+        ("connectCallback", "/v1/connections/callback", {}),
+    ],
+)
+async def test_a_browser_page_refuses_a_bad_query_with_a_page(
+    operation_id: str, path: str, path_params: dict[str, str]
+) -> None:
+    """A connect link without its ticket, or a redirect back without its state, is a 400 HTML page for the
+    user (not the API's JSON error), and no handler runs."""
+    (route,) = served([operation(operation_id)], object())
+    answer = await route.endpoint(get(path, b"", path_params))
+    assert answer.status_code == 400 and answer.media_type == "text/html"
+    assert b"not valid" in answer.body

@@ -27,7 +27,7 @@ import pytest
 import redis
 from playwright.sync_api import Page
 
-from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
+from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, wait_ready, worker_env
 from tests.support.browser import browser, page
 from tests.support.faults import report
 from tests.support.gateway_stack import auth, gateway_env, start_gateway, wait_listening
@@ -63,8 +63,7 @@ class ShardStack:
         log = self.logs / f"worker-{len(self.workers)}.log"
         process = start_worker(self.env | {"TOOLWORKER_REDIS_SHARDS": shards}, log)
         self.workers.append(process)
-        count = len(Shards.parse(shards).all)
-        wait_until(lambda: _ready(process, log) >= count, 60, f"{count} worker processes ready ({log})")
+        wait_ready(process, log, len(Shards.parse(shards).all))
         return process
 
     def holding(self, call_id: str) -> list[str]:
@@ -82,12 +81,6 @@ class ShardStack:
 
     def hits(self, prefix: str) -> Counter[str]:
         return Counter(path for _, path in self.upstream.state.hits if path.startswith(prefix))
-
-
-def _ready(process: subprocess.Popen[bytes], log: Path) -> int:
-    if process.poll() is not None:
-        raise RuntimeError(f"the worker exited with {process.returncode}: {log.read_text(errors='replace')[-3000:]}")
-    return log.read_text(errors="replace").count(" ready.") if log.exists() else 0
 
 
 def _client(server: RedisProcess) -> redis.Redis:

@@ -85,6 +85,7 @@ def test_a_shard_added_takes_about_a_quarter_of_the_tenants_and_only_to_itself()
     assert 5 <= len(moved) <= 25, len(moved)  # 15 expected
 
 
+@pytest.mark.integration
 def test_every_process_places_tenants_alike() -> None:
     """Not Python's hash(): another interpreter, with another hash seed, places every tenant the same."""
     script = (

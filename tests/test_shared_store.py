@@ -13,8 +13,9 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from tests.conftest import Upstream, start_worker, stop_worker, worker_env
+from tests.conftest import Upstream, start_worker, stop_worker, wait_ready, worker_env
 from tests.support.servers import DnsServer
+from tests.support.waiting import Budget, scaled
 from worker.client import ToolClient
 from worker.constants import DEFINITIONS_BUNDLE_PREFIX, DEFINITIONS_CURRENT_KEY
 from worker.definitions import redis_store
@@ -44,6 +45,7 @@ def published_worker(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) 
     env = worker_env(server.url, upstream.url, dns_server.address, tmp_path / "unused")
     env.update(TOOLWORKER_STORE="redis", TOOLWORKER_STORE_POLL_SECONDS="0.2")
     process = start_worker(env, tmp_path / "worker.log", "-Q", "toolcalls")
+    wait_ready(process, tmp_path / "worker.log")
     yield server.url, defs
     stop_worker(process)
     client.close()
@@ -51,10 +53,11 @@ def published_worker(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) 
 
 
 def wait_for_tool(client: ToolClient, name: str, timeout_s: float = 20) -> int:
-    deadline = time.monotonic() + timeout_s
+    """The exit code of a call of `name` once the worker knows the tool (64 while it does not yet)."""
+    budget = Budget(timeout_s)
     while True:
-        code = client.call(name, {}, timeout=10).exit_code
-        if code != 64 or time.monotonic() > deadline:
+        code = client.call(name, {}, timeout=scaled(10)).exit_code
+        if code != 64 or budget.exhausted():
             return code
         time.sleep(0.1)
 
@@ -69,7 +72,7 @@ def test_publish_switches_running_workers(published_worker: tuple[str, Path]) ->
         version, toolset = redis_store.publish(redis.Redis.from_url(url), [defs])
         assert version == 2 and not toolset.problems
         assert wait_for_tool(client, "second_tool") == 0
-        assert client.call("first_tool", {}).exit_code == 64
+        assert client.call("first_tool", {}, timeout=scaled(10)).exit_code == 64
         assert [t["name"] for t in client.tools() if t["upstream"] == "local"] == ["second_tool"]
 
 
@@ -197,9 +200,10 @@ def test_a_published_two_file_spec_is_called(tmp_path: Path, upstream: Upstream,
     env.update(TOOLWORKER_STORE="redis")
     process = start_worker(env, tmp_path / "worker.log", "-Q", "toolcalls")
     try:
+        wait_ready(process, tmp_path / "worker.log")
         with ToolClient(server.url) as tools:
-            assert tools.call("split_echo", {"mode": "fast"}, timeout=20).exit_code == 0
-            refused = tools.call("split_echo", {"mode": "sideways"}, timeout=20)
+            assert tools.call("split_echo", {"mode": "fast"}, timeout=scaled(20)).exit_code == 0
+            refused = tools.call("split_echo", {"mode": "sideways"}, timeout=scaled(20))
             assert refused.exit_code == 65 and "fast" in (refused.error or {})["message"]
     finally:
         stop_worker(process)

@@ -138,6 +138,7 @@ def test_only_the_browser_routes_are_open() -> None:
     assert not is_open_path("/v1/connections/a/b/authorize")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["worker", "gateway", "mcp"])
 def test_unusable_vault_keys_stop_a_process_at_start(command: str) -> None:
     """A worker or gateway with a malformed TOOLWORKER_VAULT_KEYS says why and exits 78, never with a

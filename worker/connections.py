@@ -101,8 +101,8 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
 class _SentinelConnection(sentinel.SentinelManagedConnection):
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         if not self._sock:
-            self.connect()  # type: ignore[no-untyped-call]
-        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+            self.connect()  # type: ignore[no-untyped-call]  # redis-py's connections are unannotated
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]  # (as above)
 
     def cut(self) -> None:
         """Fail whatever waits on this connection now (from any thread): its socket is shut down."""
@@ -117,7 +117,7 @@ class _SentinelConnection(sentinel.SentinelManagedConnection):
         except ResponseError as exc:
             if not _cut_off(self, exc):
                 raise
-            self.disconnect()  # type: ignore[no-untyped-call]
+            self.disconnect()  # type: ignore[no-untyped-call]  # redis-py's connections are unannotated
             raise RedisConnectionError(f"the primary refuses writes: {_one_line(exc)}") from exc
 
 
@@ -131,7 +131,7 @@ class _AsyncSentinelConnection(aiosentinel.SentinelManagedConnection):
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         self._loop = asyncio.get_running_loop()
         if not self.is_connected:
-            await self.connect()  # type: ignore[no-untyped-call]
+            await self.connect()  # type: ignore[no-untyped-call]  # redis-py's connections are unannotated
         await super().send_packed_command(command, check_health)
 
     def cut(self) -> None:
@@ -178,7 +178,7 @@ class _PrimaryWatch:
         self._service_name = service_name
         timeouts = {"socket_timeout": _WATCH_INTERVAL_S, "socket_connect_timeout": _WATCH_INTERVAL_S}
         kwargs = {**sentinel_kwargs, **timeouts, "retry": None}
-        self._sentinels = sentinel.Sentinel(nodes, sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
+        self._sentinels = sentinel.Sentinel(nodes, sentinel_kwargs=kwargs)
         self._primary: tuple[str, int] | None = None
 
     def _run(self, key: tuple[Any, ...]) -> None:
@@ -190,7 +190,7 @@ class _PrimaryWatch:
                     self._sentinels.close()
                     return
             try:
-                primary = self._sentinels.discover_master(self._service_name)  # type: ignore[no-untyped-call]
+                primary = self._sentinels.discover_master(self._service_name)
             except (RedisError, OSError, ValueError):
                 continue  # none named now (a failover under way): ask again
             if self._primary is not None and primary != self._primary:
@@ -226,10 +226,10 @@ class _Watched:
 
     def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
         self._watch = _watch(service_name, sentinel_manager)
-        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[call-arg]
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[call-arg]  # a mixin: the pool's own
 
     def make_connection(self) -> Any:
-        connection = super().make_connection()  # type: ignore[misc]
+        connection = super().make_connection()  # type: ignore[misc]  # (the pool's, as above)
         self._watch.connections.add(connection)
         return connection
 
@@ -375,7 +375,7 @@ async def _recheck_primary(pool: Any) -> None:
     after the switch): ask the Sentinels again; their pool drops its idle connections if it moved."""
     if isinstance(pool, aiosentinel.SentinelConnectionPool):
         with contextlib.suppress(RedisError):  # none named now: the next command reconnects with its retries
-            await pool.get_master_address()  # type: ignore[no-untyped-call]
+            await pool.get_master_address()
 
 
 # Connection pool -> how many replicas its primary had at the last enqueue (ROLE).

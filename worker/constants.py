@@ -10,6 +10,9 @@ TENANT_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 # A message's header with the number of calls it carries (a batch: many). The scheduler counts calls, not
 # messages, in its shares and limits; a message without it (a stock producer's) carries one.
 CALLS_HEADER = "x-toolworker-calls"
+# A message's header with when it was enqueued (Unix ms): how long the oldest call has waited is read from
+# the tail of each list without decoding the body (worker/queue/ages.py). A stock producer's has none.
+ENQUEUED_HEADER = "x-toolworker-enqueued-ms"
 # Tenant -> "weight max_in_flight max_queued" (0: none), from the definitions' `tenants:`; written by
 # worker/definitions/redis_store.py, read by the scheduler's scripts (worker/queue/scheduler.py) and the client.
 TENANT_LIMITS_KEY = "toolworker:tenants:limits"

@@ -152,7 +152,7 @@ def process_exited(pid: int) -> None:
     """Forget the live gauges of a pool process that exited (multiprocess mode only)."""
     directory = multiprocess_dir()
     if directory is not None:
-        multiprocess.mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]
+        multiprocess.mark_process_dead(pid, str(directory))
 
 
 def _multiprocess_registry(directory: Path) -> CollectorRegistry:
@@ -161,5 +161,5 @@ def _multiprocess_registry(directory: Path) -> CollectorRegistry:
     for stale in directory.glob("*.db"):
         stale.unlink()
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, str(directory))  # type: ignore[no-untyped-call]
+    multiprocess.MultiProcessCollector(registry, str(directory))
     return registry

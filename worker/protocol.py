@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFun
 from worker.constants import (
     CALLS_HEADER,
     DEFAULT_TENANT,
+    ENQUEUED_HEADER,
     MAX_CALL_TIMEOUT_S,
     REDACTED,
     TASK_EXECUTE,
@@ -144,7 +146,7 @@ def url_origin(url: Any) -> str:
 
 def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXECUTE) -> str:
     """A Celery protocol 2 message, JSON body, as a string to LPUSH onto the queue's list; its CALLS_HEADER
-    says how many calls it carries (the fair take counts calls)."""
+    says how many calls it carries (the fair take counts calls), its ENQUEUED_HEADER when it was made."""
     batch = task == TASK_EXECUTE_BATCH and bool(args) and isinstance(args[0], list)
     body = json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     return json.dumps(
@@ -168,6 +170,7 @@ def task_message(task_id: str, args: list[Any], queue: str, task: str = TASK_EXE
                 "origin": _ORIGIN,
                 "ignore_result": True,
                 CALLS_HEADER: len(args[0]) if batch else 1,
+                ENQUEUED_HEADER: int(time.time() * 1000),
             },
             "properties": {
                 "correlation_id": task_id,

@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from redis.typing import EncodableT, FieldT
 
 from worker.call.renewal import REFRESH_AT_SHARE
 from worker.constants import AUDIT_STREAM_KEY
@@ -209,9 +210,10 @@ async def audit(redis: aioredis.Redis, event: str, user: str, upstream: str, max
     """A connection's event in the audit trail (connect, refresh_failed, revoke): who, which upstream,
     never a token."""
     now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
-    fields = {"time": now, "event": event, "principal": user, "upstream": upstream, **extra}
+    fields: dict[FieldT, EncodableT] = {"time": now, "event": event, "principal": user, "upstream": upstream}
+    fields.update(extra.items())
     log.info("vault.connection", action=event, principal=user, upstream=upstream, **extra)
     try:
-        await redis.xadd(AUDIT_STREAM_KEY, fields, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
+        await redis.xadd(AUDIT_STREAM_KEY, fields, maxlen=maxlen, approximate=True)
     except Exception as exc:  # the log line above is the record of last resort
         log.warning("vault.audit_not_written", event=event, error=str(exc))

@@ -96,6 +96,9 @@ class Replies:
             await asyncio.wait(readers, timeout=READ_BLOCK_MS / 1000 + 1)
             for reader in readers:
                 reader.cancel()
+            # And awaited (a cancelled task ends within a few turns of the loop): one still running when the
+            # pools are closed puts its connection back into a closed pool, where its socket stays open.
+            await asyncio.wait(readers)
 
     def _ensure_reader(self, link: Link) -> None:
         """Replies are read from a shard once a call went there (an idle shard is not polled)."""

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from worker.constants import AUDIT_STREAM_KEY, MCP_LISTINGS_KEY, MCP_LISTINGS_VERSION_KEY
 from worker.definitions.mcp_tools import Listing
+from worker.definitions.model import ToolSet
 
 log = structlog.get_logger("toolworker.definitions")
 # Who the audit trail names for the changes a refresh finds.
@@ -76,11 +77,14 @@ async def follow(
     seen: int,
     poll_s: float,
     on_change: Callable[[dict[str, Listing]], Awaitable[None] | None],
+    wanted: Callable[[], bool],
 ) -> None:
     """Hand every new set of listings to `on_change`, for as long as the task runs (polling goes on through
-    Redis outages)."""
+    Redis outages); Redis is not asked while `wanted()` says no listing is served (no MCP upstream)."""
     while True:
         await asyncio.sleep(poll_s)
+        if not wanted():
+            continue
         try:
             current = int(await client.get(MCP_LISTINGS_VERSION_KEY) or 0)
             if current == seen:
@@ -91,3 +95,8 @@ async def follow(
                 await outcome
         except RedisError as exc:
             log.warning("mcp.listings_poll_failed", error=str(exc))
+
+
+def has_mcp(toolset: ToolSet) -> bool:
+    """Whether any upstream of the definitions is an MCP server (and so has a listing to serve)."""
+    return any(upstream.mcp is not None for upstream in toolset.upstreams.values())

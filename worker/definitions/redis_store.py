@@ -213,8 +213,8 @@ class Bundles:
 def current_payload(client: redis.Redis) -> bytes | None:
     """The current version's bundle, None when nothing was published."""
     current = int(client.get(DEFINITIONS_CURRENT_KEY) or 0)
-    payload: bytes | None = client.get(DEFINITIONS_BUNDLE_PREFIX + str(current)) if current else None  # type: ignore[assignment]
-    return payload
+    payload = client.get(DEFINITIONS_BUNDLE_PREFIX + str(current)) if current else None
+    return payload if isinstance(payload, bytes) else None
 
 
 async def follow(

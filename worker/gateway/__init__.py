@@ -2,7 +2,7 @@
 (docs/guides/gateway.md). One room per surface, over what they share; app.py composes them.
 
     mcp/           the MCP surface: the SDK server, tasks, asking, discovery mode, stdio
-    rest/          the REST surface under /v1: routes, request bodies, the OpenAPI document
+    rest/          the REST surface under /v1: routes as a table, their types, the generated OpenAPI document
     console/       the operators' console: server-rendered HTML pages behind a session of their own
     toolserver.py  XAgent ToolServer-compatible routes
     identity/      who calls: principals and tokens, OAuth, end users' tokens, the audit trail

@@ -42,7 +42,8 @@ from worker.gateway.identity.security import BODY_SCOPE_KEY, Gatekeeper, Guard, 
 from worker.gateway.mcp.server import McpFront, Options
 from worker.gateway.rest import document as openapi_document
 from worker.gateway.rest.connections import Connections
-from worker.gateway.rest.routes import Rest, error
+from worker.gateway.rest.operations import error
+from worker.gateway.rest.routes import Rest
 from worker.gateway.rest.upstreams import Upstreams
 from worker.gateway.toolserver import ToolServer
 from worker.heap import settle_heap

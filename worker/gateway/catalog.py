@@ -137,7 +137,7 @@ class Catalog:
     async def start(self, client: aioredis.Redis) -> None:
         with contextlib.suppress(RedisError):
             self._listings = await listings.read_async(client)
-        follow = listings.follow(client, -1, self._settings.store_poll_seconds, self._relist)
+        follow = listings.follow(client, -1, self._settings.store_poll_seconds, self._relist, self._serves_mcp)
         self._listings_watcher = asyncio.get_running_loop().create_task(follow)
         if self._settings.store == "file":
             await self._start_announced(client)
@@ -193,6 +193,9 @@ class Catalog:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+
+    def _serves_mcp(self) -> bool:
+        return listings.has_mcp(self._defined[1])
 
     def _relist(self, found: dict[str, Listing]) -> None:
         """Serve the MCP upstreams' newly stored listings (clients hear that the tools changed)."""

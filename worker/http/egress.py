@@ -214,12 +214,7 @@ class EgressPolicy:
         return socket.socket(family=family, type=type_, proto=proto)
 
     def _lifts(self, address: IPAddress, blocked: IPNetwork, port: int) -> bool:
-        return any(
-            entry.network.version == blocked.version
-            and entry.network.subnet_of(blocked)  # type: ignore[arg-type]  # same version checked above
-            and entry.matches(address, port)
-            for entry in self.networks
-        )
+        return any(_within(entry.network, blocked) and entry.matches(address, port) for entry in self.networks)
 
     def _check_name(self, host: str, port: int) -> None:
         if not _HOST_NAME.fullmatch(host):
@@ -273,6 +268,15 @@ def _entry_port(text: str | None, token: str) -> int | None:
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
         raise ValueError(f"Egress allow-list entry {token!r}: the port must be a number from 1 to 65535.")
     return int(text)
+
+
+def _within(network: IPNetwork, outer: IPNetwork) -> bool:
+    """`network` lies inside `outer` (never, across IP versions)."""
+    if isinstance(network, ipaddress.IPv4Network) and isinstance(outer, ipaddress.IPv4Network):
+        return network.subnet_of(outer)
+    if isinstance(network, ipaddress.IPv6Network) and isinstance(outer, ipaddress.IPv6Network):
+        return network.subnet_of(outer)
+    return False
 
 
 def _entry_network(target: str, token: str) -> IPNetwork | None:

@@ -18,7 +18,8 @@ from mcp.client import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.types import CallToolResult
+from mcp.shared.exceptions import MCPError
+from mcp.types import HEADER_MISMATCH, CallToolResult
 
 from worker import errors
 from worker.mcp_client.failures import Unsent, mapped, session_gone
@@ -86,6 +87,20 @@ async def _client(spec: ServerSpec) -> AsyncIterator[Client]:
         yield await stack.enter_async_context(client)
 
 
+async def _sent(client: Client, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
+    """`tools/call` on the session itself (a third of the client's work per call, measured); a server that
+    wants the tool listed first (HEADER_MISMATCH) is answered through the client, which lists and sends again."""
+    try:
+        result = await client.session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+    except MCPError as exc:
+        if exc.code != HEADER_MISMATCH:
+            raise
+        return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+    if not isinstance(result, CallToolResult):  # only asked-for shapes (input rounds, claims) differ
+        raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
+    return result
+
+
 class Sessions:
     """The sessions of one process, one per server, opened on first use."""
 
@@ -125,7 +140,7 @@ class Sessions:
             except errors.ToolError as exc:
                 raise Unsent(exc) from exc
             try:
-                return await client.call_tool(name, arguments, read_timeout_seconds=max(timeout_s, 0.001))
+                return await _sent(client, name, arguments, max(timeout_s, 0.001))
             except Exception as exc:
                 if session_gone(exc) and not last:
                     await self.forget(spec)

@@ -253,8 +253,8 @@ async def decide(
                 raise NotParked(call_id, parked.state or None)
             if float(parked.fields.get("expires") or 0) <= time.time():  # due: the sweep answers it
                 raise NotParked(call_id, EXPIRED)
-            pipe.multi()  # type: ignore[no-untyped-call]
-            pipe.hset(key, mapping=verdict)  # type: ignore[arg-type]
+            pipe.multi()
+            pipe.hset(key, mapping=verdict)  # type: ignore[arg-type]  # redis-py keys a mapping by any field type
             if decision == "approve":
                 _requeue(pipe, parked)
             else:

@@ -589,7 +589,7 @@ class Channel(kombu_redis.Channel):
         """A message put back (a rejected or unfinished one) goes back to the list it was taken from."""
         entry = process_holdings().entry(str((payload.get("properties") or {}).get("delivery_tag")))
         if entry is None:
-            return super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)  # type: ignore[no-any-return]
+            return super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)  # type: ignore[no-any-return]  # kombu is untyped
         source = self.source_of(entry[0])
         if scheduler.source_of(source)[1] == DEFAULT_TENANT:
             super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)

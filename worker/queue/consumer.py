@@ -16,7 +16,7 @@ _EVENTS_FLUSH_DELAY_S = 0.02
 _RECONNECT_EVERY_S = 1.0
 
 
-class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
+class DeadLetteringConsumer(Consumer):
     """Messages that are not calls at all (undecodable, unknown task) are kept in a dead-letter list
     with the reason, and the worker goes on consuming.
 

@@ -186,7 +186,7 @@ class DeadLetters:
     async def purge(self, wanted: str) -> DeadLetter:
         """Remove exactly that item; raises NoSuchItem (someone else removed it first)."""
         letter = await self.get(wanted)
-        removed: int = await self._redis.lrem(DEAD_LETTER_KEY, 1, letter.raw)  # type: ignore[arg-type]
+        removed: int = await self._redis.lrem(DEAD_LETTER_KEY, 1, letter.raw)  # type: ignore[arg-type]  # typed str, sent as bytes
         if not removed:
             raise NoSuchItem(f"no dead letter {wanted!r} (removed meanwhile)")
         return letter
@@ -205,5 +205,5 @@ class DeadLetters:
         except BaseException:
             await self._redis.delete(marker)  # nothing enqueued: it may be tried again
             raise
-        await self._redis.lrem(DEAD_LETTER_KEY, 1, letter.raw)  # type: ignore[arg-type]
+        await self._redis.lrem(DEAD_LETTER_KEY, 1, letter.raw)  # type: ignore[arg-type]  # (as in purge)
         return done

@@ -24,7 +24,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, ROUTES_KEY
-from worker.queue import scheduler
+from worker.queue import ages, scheduler
+from worker.queue.ages import AgeReader
 from worker.queue.leases import INFLIGHT_PREFIX
 from worker.shards import Shard
 
@@ -35,12 +36,14 @@ OTHER_TENANTS = "other"  # the label of every tenant the definitions do not list
 def queue_rows(
     client: redis.Redis, queues: Sequence[str] = (), routes: redis.Redis | None = None
 ) -> list[dict[str, Any]]:
-    """Per queue and tenant: messages waiting, calls queued and in flight (`toolworker queue`, the console's
+    """Per queue and tenant: messages waiting, calls queued and in flight, the oldest waiting and running call's
+    age in seconds (`toolworker queue`, the console's
     fleet page). Queues: those named, else toolcalls and every routed queue (routes read from `routes`, the
     home shard, when given)."""
     routed: Any = (routes or client).hvals(ROUTES_KEY)
     chosen = list(queues) or sorted({DEFAULT_QUEUE, *(q.decode() for q in routed)})
-    return [dataclasses.asdict(row) for row in scheduler.snapshot(client, chosen, scheduler.PRIORITY_SUFFIXES)]
+    rows = [dataclasses.asdict(row) for row in scheduler.snapshot(client, chosen, scheduler.PRIORITY_SUFFIXES)]
+    return ages.with_ages(rows, AgeReader(client).read(chosen))
 
 
 def shard_rows(

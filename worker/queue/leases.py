@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 import structlog
@@ -245,7 +245,7 @@ class Leases:
         lists: dict[str, list[bytes]] = {}
         for key in self.client.scan_iter(match=prefix + "*", count=100):
             name = key.decode() if isinstance(key, bytes) else str(key)
-            lists[name] = self.client.lrange(name, 0, -1)  # type: ignore[assignment]
+            lists[name] = cast("list[bytes]", self.client.lrange(name, 0, -1))  # a sync client's reply
         holding, settled = held()
         settle = self.client.register_script(_SETTLE)
         requeued = 0

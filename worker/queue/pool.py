@@ -39,7 +39,7 @@ _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
 _RESULT_REPR_CHARS = 1024  # the summary shown in task events (Flower), as Celery's default
 
 
-class TaskPool(thread.TaskPool):  # type: ignore[misc]
+class TaskPool(thread.TaskPool):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pending = 0  # call messages started and not yet acknowledged

@@ -23,6 +23,7 @@ from worker.call.run import run_call
 from worker.call.runtime import Runtime
 from worker.call.vault import Keyring
 from worker.connections import connect, sync_client
+from worker.constants import DEFAULT_QUEUE
 from worker.definitions import file_store, listings, redis_store
 from worker.definitions.builtin import served_toolset
 from worker.definitions.mcp_tools import Listing, with_listings
@@ -32,6 +33,7 @@ from worker.errors import CallbackRefused
 from worker.http.egress import EgressPolicy, check_callback
 from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall, parse_call, reply_stream
+from worker.queue import activity
 from worker.queue.approvals import PARKED_NOW, Gate
 from worker.queue.outcome import PublishFailed
 from worker.queue.publisher import Publisher
@@ -145,11 +147,16 @@ class Service:
         tool = call.tool if upstream is not None else metrics.UNRESOLVED_TOOL  # the model's text is no name
         with tracing.serving(tool, call.call_id, context, call.enqueued_at, received_at, call.tenant) as span:
             result = await run_call(call, self.runtime, received_at)
+            activity.observe(self._queue_of(upstream), call.tenant, result.exit_code == 0, result.duration_ms / 1000)
             error_type = None if result.error is None else str(result.error.get("type"))
             tracing.answered(span, upstream, result.exit_code, result.status_code, result.attempts, error_type)
             with tracing.publishing(tool):
                 await self._publish(result, reply_to, call.callback.url if call.callback else None)
         return result
+
+    def _queue_of(self, upstream: str | None) -> str:
+        found = self.runtime.toolset.upstreams.get(upstream) if upstream is not None else None
+        return found.queue if found is not None and found.queue else DEFAULT_QUEUE
 
     async def switch(self, version: int, toolset: ToolSet) -> None:
         """Serve a newly published definitions version from the next call on."""

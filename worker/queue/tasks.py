@@ -17,7 +17,7 @@ from worker.queue.bridge import close_process_service, process_service, run_task
 from worker.queue.outcome import CallFailed, failure
 
 
-class RedactedRequest(Request):  # type: ignore[misc]
+class RedactedRequest(Request):
     """Task events (and so Flower) show calls with their header values redacted, whoever enqueued them."""
 
     @property
@@ -29,7 +29,7 @@ class RedactedRequest(Request):  # type: ignore[misc]
         return "{}"
 
 
-class CallTask(Task):  # type: ignore[misc]
+class CallTask(Task):
     Request = RedactedRequest
     acks_late = True
     # A worker lost mid-call gets the message resent, a bounded number of times.

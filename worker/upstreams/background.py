@@ -29,4 +29,8 @@ def upstream_work(
     refresher = Refresher(
         client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization
     )
-    return [refresh_forever(refresher, defined), listings.follow(client, -1, poll_s, relist)]
+
+    def wanted() -> bool:
+        return listings.has_mcp(defined())
+
+    return [refresh_forever(refresher, defined), listings.follow(client, -1, poll_s, relist, wanted)]

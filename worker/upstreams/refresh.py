@@ -114,7 +114,8 @@ async def refresh_forever(refresher: Refresher, toolset: Callable[[], ToolSet]) 
     """Refresh what is due, every DUE_CHECK_S, for as long as the task runs (through Redis outages)."""
     while True:
         try:
-            await refresher.refresh_due(toolset())
+            if listings.has_mcp(toolset()):  # no MCP upstream: nothing to read, Redis is not asked
+                await refresher.refresh_due(toolset())
         except RedisError as exc:
             log.warning("mcp.refresh_check_failed", error=str(exc))
         await asyncio.sleep(DUE_CHECK_S)

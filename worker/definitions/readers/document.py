@@ -14,10 +14,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from worker.definitions.model import Problem, Source, ToolSet
 
-try:  # libyaml is several times faster on large specs; fall back to pure Python
-    from yaml import CSafeLoader as _Loader
-except ImportError:  # pragma: no cover - depends on how PyYAML was built
-    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
+# libyaml is several times faster on large specs; the pure Python loader where PyYAML was built without it.
+_Loader: type[yaml.CSafeLoader | yaml.SafeLoader] = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 Loc = tuple[str, ...]
 

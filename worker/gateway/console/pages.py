@@ -3,7 +3,10 @@
 GET  /console/login                    the sign-in form (one field: a gateway static token)
 POST /console/login                    sign in: a session cookie, then the fleet page
 POST /console/logout                   sign out: the session ends on the server
-GET  /console, /console/fleet          workers, and per queue and tenant: waiting, queued, in flight
+GET  /console, /console/fleet          workers; per queue and tenant: waiting, queued, in flight, oldest ages;
+                                       the chart of the last minutes (fleet_page.py)
+GET  /console/fleet/chart              the chart alone, which the page's script fetches again every 2 s
+GET  /console/assets/fleet.js          that script (no session needed: it holds nothing)
 GET  /console/catalog?q=               the tools the principal may call, or those matching q
 GET  /console/catalog/{name}           a tool's schema and a form to try it
 POST /console/catalog/{name}/try       run a call through the gateway's call path; its envelope
@@ -12,81 +15,52 @@ GET  /console/dead-letters/{id}        one item, redacted
 POST /console/dead-letters/{id}/purge  remove exactly that item
 POST /console/dead-letters/{id}/replay enqueue its calls again (answered once)
 GET  /console/audit?principal=&tool=&exit_code=   the audit trail, newest first
+
+The dead-letter pages are letters.py's, the fleet's fleet_page.py's; what every page shares is views.py's.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import jinja2
 import redis
 import redis.asyncio as aioredis
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from worker.constants import AUDIT_STREAM_KEY
 from worker.definitions import catalog
 from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway.calls import Calls, CallSpec
-from worker.gateway.console.fleet import Workers, tenant_rows
+from worker.gateway.console.fleet_page import CHART, SCRIPT, FleetPages
 from worker.gateway.console.gate import CONSOLE_PATH, Gate, csrf_of
+from worker.gateway.console.letters import LetterPages
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, new_secret
-from worker.gateway.console.sources import Approvals, Connections, Decision, Extensions, NotWaiting
+from worker.gateway.console.sources import Decision, Extensions, NotWaiting
+from worker.gateway.console.views import APPROVALS, CONNECTIONS, FLEET, LINKS, LOGIN, Room, refusal, render
 from worker.gateway.health import FleetUnavailable
-from worker.gateway.identity.audit import action
-from worker.queue.dead_letter_store import DeadLetterError, DeadLetters, NoSuchItem
+from worker.queue.dead_letter_store import DeadLetters
 from worker.shards import Shard
 
-LOGIN = CONSOLE_PATH + "/login"
-FLEET = CONSOLE_PATH + "/fleet"
-APPROVALS = CONSOLE_PATH + "/approvals"
-CONNECTIONS = CONSOLE_PATH + "/connections"
+T = TypeVar("T")
+
 # The audit page shows at most this many records, of the newest AUDIT_SCAN it reads.
 AUDIT_ROWS = 200
 AUDIT_SCAN = 10_000
 SEARCH_TOP_K = 50
-# The dead-letter page lists the newest this many (the list keeps up to 10,000; the CLI prints them all).
-DEAD_LETTER_ROWS = 500
 DECISIONS: dict[str, Decision] = {"approve": "approve", "deny": "deny"}
-LINKS = (
-    ("Fleet", FLEET),
-    ("Catalog", "/console/catalog"),
-    ("Dead letters", "/console/dead-letters"),
-    ("Audit", "/console/audit"),
-)
-_HEADERS = {
-    "Cache-Control": "no-store",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; "
-    "form-action 'self'",
-}
-_templates = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,
-)
 
 Page = Callable[[Request, Session], Awaitable[Response]]
 Act = Callable[[Request, Session, FormData], Awaitable[Response]]
 
 
-def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
-    context.setdefault("links", LINKS)
-    return HTMLResponse(_templates.get_template(name).render(**context), status_code=status, headers=_HEADERS)
+class Console(Room):
+    """The console's routes, composed from its rooms; signing in and out, the catalog, audit and approvals."""
 
-
-def refusal(status: int, message: str, session: Session | None = None) -> HTMLResponse:
-    return render("message.html", status, title="Refused", message=message, session=session, csrf_field=CSRF_FIELD)
-
-
-class Console:
     def __init__(
         self,
         calls: Calls,
@@ -98,34 +72,33 @@ class Console:
     ) -> None:
         """`shards`: a synchronous client on each shard, the home one first (the figures `toolworker queue`
         reads); `redis_async`: the home shard's."""
-        self.calls = calls
-        self.gate = gate
-        self.workers = Workers([shard.url for shard, _ in shards])
-        self._shards = shards
-        self._redis = redis_async
-        self.dead_letters = DeadLetters(redis_async)
-        self.call_timeout_s = call_timeout_s
         self.extensions = extensions or Extensions()
         extra = [("Approvals", APPROVALS)] if self.extensions.approvals else []
         extra += [("Connections", CONNECTIONS)] if self.extensions.connections else []
-        self.links = (*LINKS, *extra)
+        super().__init__(calls, (*LINKS, *extra))
+        self.gate = gate
+        self._redis = redis_async
+        self.call_timeout_s = call_timeout_s
+        self.fleet = FleetPages(calls, self.links, shards)
+        self.letters = LetterPages(calls, self.links, DeadLetters(redis_async))
 
     def routes(self) -> list[Route]:
         pages: dict[str, Page] = {
             CONSOLE_PATH: self.home,
             CONSOLE_PATH + "/": self.home,
-            FLEET: self.fleet,
+            FLEET: self.fleet.fleet,
+            CHART: self.fleet.chart,
             "/console/catalog": self.catalog,
             "/console/catalog/{name}": self.tool,
-            "/console/dead-letters": self.letters,
-            "/console/dead-letters/{item}": self.letter,
+            "/console/dead-letters": self.letters.letters,
+            "/console/dead-letters/{item}": self.letters.letter,
             "/console/audit": self.audit,
         }
         actions: dict[str, Act] = {
             "/console/logout": self.logout,
             "/console/catalog/{name}/try": self.try_call,
-            "/console/dead-letters/{item}/purge": self.purge,
-            "/console/dead-letters/{item}/replay": self.replay,
+            "/console/dead-letters/{item}/purge": self.letters.purge,
+            "/console/dead-letters/{item}/replay": self.letters.replay,
         }
         if self.extensions.approvals is not None:
             pages[APPROVALS] = self.approvals
@@ -135,6 +108,7 @@ class Console:
         return [
             Route(LOGIN, self.login_form, methods=["GET"]),
             Route(LOGIN, self.login, methods=["POST"]),
+            Route(SCRIPT, self.fleet.script, methods=["GET"]),
             *(Route(path, self._page(view), methods=["GET"]) for path, view in pages.items()),
             *(Route(path, self._action(act), methods=["POST"]) for path, act in actions.items()),
         ]
@@ -165,14 +139,6 @@ class Console:
             return await act(request, session, form)
 
         return handle
-
-    def _view(self, name: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
-        return render(name, status, session=session, csrf_field=CSRF_FIELD, links=self.links, **context)
-
-    def _audit(self, session: Session, name: str, target: str = "", detail: str = "") -> None:
-        if self.calls.audit is not None:
-            who = session.principal
-            self.calls.audit.record(action(who.name, who.tenant, name, target, detail))
 
     # --- signing in and out ---------------------------------------------------------------------------
 
@@ -224,14 +190,6 @@ class Console:
     async def home(self, request: Request, session: Session) -> Response:
         return RedirectResponse(FLEET, 303)
 
-    async def fleet(self, request: Request, session: Session) -> Response:
-        rows, problems = await tenant_rows(self._shards)
-        workers = await self.workers.seen()
-        sharded = self._shards[0][0].name != ""
-        return self._view(
-            "fleet.html", session, rows=rows, problems=problems, sharded=sharded, workers=workers, nav="Fleet"
-        )
-
     async def catalog(self, request: Request, session: Session) -> Response:
         toolset = self.calls.visible(session.principal).toolset
         query = request.query_params.get("q", "").strip()
@@ -247,20 +205,6 @@ class Console:
             return self._view("message.html", session, 404, title="Not found", message="No such tool.")
         definition = catalog.definition(found)
         return self._view("tool.html", session, tool=definition, properties=_properties(definition), nav="Catalog")
-
-    async def letters(self, request: Request, session: Session) -> Response:
-        items = await self.dead_letters.items()
-        done = {k: request.query_params.get(k, "") for k in ("purged", "replayed")}
-        context: dict[str, Any] = {"items": items[:DEAD_LETTER_ROWS], "total": len(items), "done": done}
-        return self._view("dead_letters.html", session, nav="Dead letters", **context)
-
-    async def letter(self, request: Request, session: Session) -> Response:
-        try:
-            item = await self.dead_letters.get(request.path_params["item"])
-        except NoSuchItem as exc:
-            return self._view("message.html", session, 404, title="Not found", message=str(exc))
-        shown = json.dumps(item.shown(), indent=2, ensure_ascii=False, default=str)
-        return self._view("dead_letter.html", session, item=item, shown=shown, nav="Dead letters")
 
     async def audit(self, request: Request, session: Session) -> Response:
         wanted = {k: request.query_params.get(k, "").strip() for k in ("principal", "tool", "exit_code")}
@@ -312,35 +256,15 @@ class Console:
         context = {"tool": name, "call_id": submitted.call_id, "envelope": envelope, "shown": shown}
         return self._view("answer.html", session, nav="Catalog", **context)
 
-    async def purge(self, request: Request, session: Session, form: FormData) -> Response:
-        item = request.path_params["item"]
-        try:
-            await self.dead_letters.purge(item)
-        except NoSuchItem as exc:
-            return self._view("message.html", session, 404, title="Not found", message=str(exc))
-        self._audit(session, "dead_letter.purge", item)
-        return RedirectResponse(f"/console/dead-letters?purged={item}", 303)
-
-    async def replay(self, request: Request, session: Session, form: FormData) -> Response:
-        item = request.path_params["item"]
-        try:
-            await self.dead_letters.replay(item, self._enqueue)
-        except NoSuchItem as exc:
-            return self._view("message.html", session, 404, title="Not found", message=str(exc))
-        except DeadLetterError as exc:
-            return self._view("message.html", session, 409, title="Not replayed", message=str(exc))
-        self._audit(session, "dead_letter.replay", item)
-        return RedirectResponse(f"/console/dead-letters?replayed={item}", 303)
-
     async def approvals(self, request: Request, session: Session) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]  # routed only with one
+        source = _routed(self.extensions.approvals)
         waiting = await source.waiting()
         done = {k: request.query_params.get(k, "") for k in ("approve", "deny")}
         may = session.principal.grant.may("approve")
         return self._view("approvals.html", session, waiting=waiting, done=done, may=may, nav="Approvals")
 
     async def decide(self, request: Request, session: Session, form: FormData) -> Response:
-        source: Approvals = self.extensions.approvals  # type: ignore[assignment]
+        source = _routed(self.extensions.approvals)
         call_id, asked, reason = request.path_params["call_id"], form.get("decision"), form.get("reason")
         reason = reason.strip() if isinstance(reason, str) else ""
         decision = DECISIONS.get(asked if isinstance(asked, str) else "")
@@ -358,18 +282,10 @@ class Console:
         return RedirectResponse(f"{APPROVALS}?{decision}={call_id}", 303)
 
     async def connections(self, request: Request, session: Session) -> Response:
-        source: Connections = self.extensions.connections  # type: ignore[assignment]
+        source = _routed(self.extensions.connections)
         user = request.query_params.get("user", "").strip()
         rows = await source.connections(user or None)
         return self._view("connections.html", session, rows=rows, user=user, nav="Connections")
-
-    async def _enqueue(
-        self, tool: str, arguments: dict[str, Any], call_id: str, tenant: str, principal: str | None, timeout_s: float
-    ) -> None:
-        calls: list[tuple[str, dict[str, Any], dict[str, str]]] = [(tool, arguments, {})]
-        await self.calls.client.submit_many(
-            calls, timeout=timeout_s, call_ids=[call_id], tenant=tenant, principal=principal
-        )
 
 
 def _properties(definition: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -400,3 +316,9 @@ def _text(value: bytes | str) -> str:
 
 def _positive(score: object) -> bool:
     return isinstance(score, int | float) and score > 0
+
+
+def _routed(extension: T | None) -> T:
+    """A console extension whose pages are routed only when it is there."""
+    assert extension is not None
+    return extension

@@ -23,6 +23,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 import structlog
+from redis.typing import EncodableT, FieldT
 
 from worker.constants import AUDIT_STREAM_KEY
 
@@ -66,7 +67,7 @@ def action(principal: str, tenant: str, name: str, target: str = "", detail: str
 def write_action(client: redis.Redis, entry: Action, maxlen: int) -> None:
     """An action's record, written at once (the CLI)."""
     log.info("operator.action", **asdict(entry))
-    client.xadd(AUDIT_STREAM_KEY, entry.fields(), maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
+    client.xadd(AUDIT_STREAM_KEY, stream_fields(entry), maxlen=maxlen, approximate=True)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,11 @@ class Decision:
 
     def fields(self) -> dict[str, str]:
         return asdict(self)
+
+
+def stream_fields(entry: Record | Action | Decision) -> dict[FieldT, EncodableT]:
+    """An entry's fields as XADD takes them (redis-py types them wider than the strings they are)."""
+    return {name: value for name, value in entry.fields().items()}
 
 
 class AuditTrail:
@@ -109,7 +115,7 @@ class AuditTrail:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for entry in batch:
-                    pipe.xadd(AUDIT_STREAM_KEY, entry.fields(), maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
+                    pipe.xadd(AUDIT_STREAM_KEY, stream_fields(entry), maxlen=self._maxlen, approximate=True)
                 await pipe.execute()
         except Exception as exc:  # the log line above is the record of last resort
             log.warning("gateway.audit_not_written", records=len(batch), error=str(exc))

@@ -5,7 +5,7 @@ Redis every poll interval; any other filter is the SDK's own handler."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mcp_types as types
 from mcp.server.subscriptions import ListenHandler, SubscriptionBus
@@ -36,7 +36,8 @@ class Notification(BaseModel):
 
 async def send(ctx: Context, notification: BaseModel) -> None:
     """A notification on the request's own stream (the SDK types only the core vocabulary; it sends any model)."""
-    await ctx.session.send_notification(notification, related_request_id=ctx.request_id)  # type: ignore[arg-type]
+    core = cast(types.ServerNotification, notification)  # typed as the core vocabulary, sent as any model
+    await ctx.session.send_notification(core, related_request_id=ctx.request_id)
 
 
 def principal(ctx: Context) -> Principal:

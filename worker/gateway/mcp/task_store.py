@@ -106,7 +106,7 @@ class TaskStore:
                     if raw is None or current.status == "cancelled":
                         return current
                     updated = current.model_copy(update={**changes, "last_updated_at": now_iso()})
-                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.multi()
                     pipe.set(key, updated.model_dump_json(), keepttl=True, xx=True)
                     await pipe.execute()
                     return updated

@@ -65,12 +65,16 @@ def _unicode(data: Any) -> bool:
     return True
 
 
-def parse(model: type[Model], data: Any) -> Model:
+def parse(model: type[Model], data: Any, what: str = "The body") -> Model:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = [
-            {"field": ".".join(map(str, e["loc"])) or "body", "message": e["msg"]} for e in exc.errors()[:_MAX_PROBLEMS]
-        ]
+        problems = problems_of(exc)
         shown = "; ".join(f"`{p['field']}`: {p['message']}" for p in problems)
-        raise BadBody(422, f"The body is invalid: {shown}.", problems) from None
+        raise BadBody(422, f"{what} is invalid: {shown}.", problems) from None
+
+
+def problems_of(exc: ValidationError, whole: str = "body") -> list[dict[str, Any]]:
+    """pydantic's errors as the API lists them (five at most), each with its field; `whole` names the value
+    itself."""
+    return [{"field": ".".join(map(str, e["loc"])) or whole, "message": e["msg"]} for e in exc.errors()[:_MAX_PROBLEMS]]

@@ -19,8 +19,10 @@ from __future__ import annotations
 import html
 import json
 import secrets
+from typing import Annotated
 
 import structlog
+from fastapi import Path, Query
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -33,7 +35,10 @@ from worker.definitions.model import ToolSet, Upstream
 from worker.gateway.calls import Calls
 from worker.gateway.identity.delegation import Delegation, open_delegation
 from worker.gateway.identity.principals import principal_of
-from worker.gateway.rest.routes import error
+from worker.gateway.rest.bodies import BadBody
+from worker.gateway.rest.models import CallbackQuery, ConnectionList, Error, Removed, TicketQuery
+from worker.gateway.rest.operations import Answer, Operation, error, served
+from worker.gateway.rest.routes import ERRORS
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway.connections")
@@ -62,12 +67,7 @@ class Connections:
         self.delegation = delegation
 
     def routes(self) -> list[Route]:
-        return [
-            Route("/v1/connections", self.list_connections, methods=["GET"]),
-            Route(CALLBACK_PATH, self.callback, methods=["GET"]),
-            Route("/v1/connections/{upstream:connection}", self.revoke, methods=["DELETE"]),
-            Route("/v1/connections/{upstream}/authorize", self.authorize, methods=["GET"]),
-        ]
+        return served(OPERATIONS, self)
 
     def _upstream(self, name: str) -> Upstream | None:
         upstream = self.calls.catalog.snapshot.toolset.upstreams.get(name)
@@ -78,28 +78,27 @@ class Connections:
         found = await self.delegation.connections(user)
         return JSONResponse({"connections": [c.to_dict() for c in found]})
 
-    async def revoke(self, request: Request) -> Response:
-        user, name = principal_of(request.scope).name, request.path_params["upstream"]
-        revoked = await self.delegation.revoke(user, self._upstream(name), name) if self.delegation.enabled else None
+    async def revoke(self, request: Request, upstream: UpstreamName) -> Response:
+        user = principal_of(request.scope).name
+        enabled = self.delegation.enabled
+        revoked = await self.delegation.revoke(user, self._upstream(upstream), upstream) if enabled else None
         if revoked is None:
-            return error(404, "unknown_connection", f"There is no connection to {name!r} for {user!r}.")
-        return JSONResponse({"upstream": name, "removed": True, "revokedAtServer": revoked})
+            return error(404, "unknown_connection", f"There is no connection to {upstream!r} for {user!r}.")
+        return JSONResponse({"upstream": upstream, "removed": True, "revokedAtServer": revoked})
 
-    async def authorize(self, request: Request) -> Response:
-        name = request.path_params["upstream"]
-        upstream = self._upstream(name)
-        ticket = request.query_params.get("ticket", "")
-        if not ticket:
-            return _page(400, "This connect link is not valid.", "Ask for the tool to be called again for a new link.")
-        if upstream is None or not self.delegation.enabled:
+    async def authorize(
+        self, request: Request, upstream: UpstreamName, query: Annotated[TicketQuery, Query()]
+    ) -> Response:
+        defined = self._upstream(upstream)
+        if defined is None or not self.delegation.enabled:
             return _page(404, "This connect link is not valid.", "Ask for the tool to be called again for a new link.")
-        redeemed = await self.delegation.links.redeem(ticket, name)
+        redeemed = await self.delegation.links.redeem(query.ticket, upstream)
         if redeemed is None:  # unknown, spent or expired: refused
             return _page(403, "This connect link is not valid any more.", "It was used already or it expired.")
         user, expires_at = redeemed
         binding = secrets.token_urlsafe(32)
         try:
-            location = await self.delegation.start(user, upstream, binding, expires_at)
+            location = await self.delegation.start(user, defined, binding, expires_at)
         except errors.ToolError as exc:
             return _page(502, "The authorization server cannot be reached.", exc.message)
         response = RedirectResponse(location, status_code=302)
@@ -114,20 +113,16 @@ class Connections:
         )
         return response
 
-    async def callback(self, request: Request) -> Response:
-        query = request.query_params
-        state = query.get("state", "")
-        if not state:
-            return _page(400, "This authorization is not valid.", "It names no state.")
-        pending = await self.delegation.links.finish(state) if self.delegation.enabled else None
+    async def callback(self, request: Request, query: Annotated[CallbackQuery, Query()]) -> Response:
+        pending = await self.delegation.links.finish(query.state) if self.delegation.enabled else None
         if pending is None or not pending.bound_to(request.cookies.get(BINDING_COOKIE)):
             return _page(403, "This authorization is not valid.", "It is unknown, used, expired, or another browser's.")
         upstream = self._upstream(pending.upstream)
-        if upstream is None or not query.get("code"):
-            reason = query.get("error") or "no code"
+        if upstream is None or query.code is None:
+            reason = query.error or "no code"
             return _page(403, "Access was not granted.", f"The authorization server said: {reason}.")
         try:
-            tokens = await self.delegation.finish(pending, upstream, query["code"], query.get("iss"))
+            tokens = await self.delegation.finish(pending, upstream, query.code, query.iss)
         except errors.ToolError as exc:
             log.warning("gateway.connect_failed", upstream=upstream.name, user=pending.user, reason=exc.message)
             return _page(400, "The connection could not be made.", exc.message)
@@ -167,3 +162,67 @@ def _page(status: int, title: str, text: str) -> HTMLResponse:
     return HTMLResponse(
         body, status_code=status, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
     )
+
+
+def _bad_link(problem: BadBody) -> Response:
+    """A connect link without its ticket: the page says to ask for a new one."""
+    return _page(400, "This connect link is not valid.", "Ask for the tool to be called again for a new link.")
+
+
+def _bad_authorization(problem: BadBody) -> Response:
+    """A redirect back without its state (or with an empty value)."""
+    missing = ", ".join(p["field"] for p in problem.problems)
+    return _page(400, "This authorization is not valid.", f"It names no {missing}.")
+
+
+UpstreamName = Annotated[str, Path(min_length=1)]
+_LINK_REFUSED = Answer("The link or the authorization is not valid (unknown, used, expired).", str, "text/html")
+_MALFORMED = Answer("The link or the redirect names no ticket or state.", str, "text/html")
+OPERATIONS = [
+    Operation(
+        "GET",
+        "/v1/connections",
+        Connections.list_connections,
+        "listConnections",
+        "The caller's connections to upstreams that act for it: upstream, scopes, expiry",
+        {200: Answer("The caller's own connections.", ConnectionList), **ERRORS},
+    ),
+    Operation(
+        "GET",
+        CALLBACK_PATH,
+        Connections.callback,
+        "connectCallback",
+        "The authorization server's redirect back: the code is exchanged and the connection stored",
+        {200: Answer("A short page for the user.", str, "text/html"), 400: _MALFORMED, 403: _LINK_REFUSED},
+        open=True,
+        refuse=_bad_authorization,
+    ),
+    Operation(
+        "DELETE",
+        "/v1/connections/{upstream:connection}",
+        Connections.revoke,
+        "revokeConnection",
+        "Revoke the caller's grant at the authorization server (RFC 7009) and remove the connection",
+        {
+            200: Answer("Removed; revokedAtServer says whether the server took the revocation.", Removed),
+            404: Answer("The caller has no connection to this upstream.", Error),
+            **ERRORS,
+        },
+    ),
+    Operation(
+        "GET",
+        "/v1/connections/{upstream}/authorize",
+        Connections.authorize,
+        "openConnectLink",
+        "A connect link (single use, for one user): redirects the browser to the authorization server",
+        {
+            302: Answer("To the authorization server (state and PKCE S256).", None, ""),
+            400: _MALFORMED,
+            403: _LINK_REFUSED,
+            404: Answer("No upstream of this name acts for its users here.", str, "text/html"),
+            502: Answer("The authorization server cannot be reached.", str, "text/html"),
+        },
+        open=True,
+        refuse=_bad_link,
+    ),
+]
