@@ -5,27 +5,36 @@ upstream's `auth:`; and a server whose metadata points at a refused address, whi
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import redis.asyncio as aioredis
 from redis import Redis
 
 from tests.support.mcp_servers import McpServerProcess
 from tests.support.oidc import OidcClient, OidcServer
+from worker.call.connect import ConnectLinks
+from worker.call.delegated import UserTokens
 from worker.call.run import run_call
 from worker.call.runtime import Runtime
+from worker.call.vault import Keyring, Vault
 from worker.definitions.mcp_tools import tool_of
 from worker.definitions.model import Auth, McpServer, Source, ToolSet, Upstream
 from worker.definitions.templates import Template
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.envelope import ToolResult
+from worker.gateway.identity.delegation import Delegation
 from worker.http.egress import EgressPolicy
+from worker.http.transport import HttpTransport
 from worker.protocol import ToolCall
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -155,3 +164,46 @@ def test_the_fleet_lists_a_protected_server_after_discovery(
             assert json.loads(client.get(keys[0]))["token_url"].startswith(oidc.issuer)
     finally:
         redis.stop()
+
+
+def test_a_user_without_a_connection_gets_a_link_whose_authorization_is_discovered(
+    files: tuple[McpServerProcess, OidcServer], tmp_path: Path
+) -> None:
+    """oauth2_user with only a pre-registered client_id: the call is 67 with a connect link, and the gateway's
+    authorization URL goes to the discovered endpoint with PKCE S256, the server as resource and its scope."""
+    server, oidc = files
+    url = Template.literal(server.url)
+    auth = Auth("oauth2_user", client_id=Template.literal("desk"))
+    upstream = Upstream("files", url, auth=auth, mcp=McpServer(url))
+    tool = tool_of(upstream, "whoami", {"name": "whoami", "inputSchema": {"type": "object"}}, Source("<test>"))
+    redis = EmbeddedRedis(tmp_path / "redis").start()
+    keyring = Keyring.parse("k1:" + base64.b64encode(b"k" * 32).decode())
+    policy = EgressPolicy.parse(f"127.0.0.1:{oidc.port}")
+
+    async def run() -> tuple[ToolResult, str]:
+        client = aioredis.from_url(redis.url)
+        links = ConnectLinks(client, keyring, "http://gateway.test", 300)
+        users = UserTokens(client, keyring, links, 100)
+        runtime = Runtime(ToolSet({"files": upstream}, {tool.name: tool}), {}, policy=policy, redis=client, users=users)
+        delegation = Delegation(Vault(client, keyring), links, HttpTransport(policy), 100, {}, policy=policy)
+        try:
+            result = await run_call(ToolCall(call_id="c2", tool=tool.name, user="ann", timeout_s=30), runtime)
+            location = await delegation.start("ann", upstream, "binding", time.time() + 300)
+            return result, location
+        finally:
+            await runtime.mcp.close()
+            await runtime.transport.close()
+            await delegation.close()
+            await client.aclose()
+
+    try:
+        result, location = asyncio.run(run())
+    finally:
+        redis.stop()
+    assert result.exit_code == 67, result.to_dict()
+    assert "http://gateway.test/v1/connections/files/authorize?ticket=" in result.error["message"]
+    target = urlsplit(location)
+    query = parse_qs(target.query)
+    assert f"{target.scheme}://{target.netloc}" == oidc.issuer
+    assert query["resource"] == [server.url] and query["code_challenge_method"] == ["S256"]
+    assert query["client_id"] == ["desk"] and query["scope"][0].split()[0] == SCOPE
