@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock upgrade run dev test test-fast lint docs check-deploy bench browser task-clients clean
+.PHONY: install lock upgrade run dev test test-fast lint docs check-deploy bench profile browser task-clients clean
 
 # Exact versions with hashes (`make lock` writes them, see docs/contributing.md): requirements.lock is the
 # runtime (the image installs it), requirements-dev.lock adds the dev and docs extras at the same versions.
@@ -126,9 +126,7 @@ $(CHROMIUM):
 TEST_PROCESSES ?= 4
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder)
 
-# The checks first, side by side (each output kept whole); the suite only once all of them pass.
-test: install $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint check-deploy docs
+test: install lint check-deploy docs $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
 	$(BIN)/pytest $(XDIST)
 
 # The unit tests alone (no process started: tests/support/processes.py fails one that starts any).
@@ -137,6 +135,13 @@ test-fast: install
 
 bench: install $(MCP_EVERYTHING)
 	$(BIN)/python -m benchmarks.run
+
+# Where a worker's CPU goes: py-spy samples one worker process during bursts of calls (benchmarks/worker_cpu.py);
+# the stacks and a flame graph land in $(PROFILE_DIR), the top entries are printed. py-spy needs ptrace.
+PROFILE_DIR := $(VENV)/profile
+
+profile: install
+	$(BIN)/python -m benchmarks.worker_cpu --profile $(PROFILE_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -4,8 +4,8 @@
 
 Starts its own Redis-compatible server and runs the sections of SECTIONS in turn (the matrix against the
 raw aiohttp limit and the hand-written baseline, pipeline.py; memory under load, memory.py; then the
-gateway, answers, replicas, shards, tracing, identity, the vault, cost, tenants, the console, approvals and
-webhooks). A scenario module imports only benchmarks/harness/, never another scenario: a new section is
+gateway, answers, replicas, shards, tracing, identity, the vault, cost, tenants, the console, approvals,
+code mode and webhooks). A scenario module imports only benchmarks/harness/, never another scenario: a new section is
 a new module and a row of SECTIONS. Results go to bench-results/<time>.json and bench-results/latest.json;
 a previous latest.json is compared with.
 """
@@ -28,6 +28,7 @@ from typing import Any
 from benchmarks import (
     answers,
     approvals,
+    code_mode,
     console,
     cost,
     gateway,
@@ -41,6 +42,7 @@ from benchmarks import (
     tracing,
     vault,
     webhooks,
+    worker_cpu,
 )
 from benchmarks.harness.constants import CORES, FULL, KB, MB, QUICK, ROOT, Sizes
 from benchmarks.harness.figures import Target, cell_label
@@ -164,6 +166,14 @@ SECTIONS = (
         cost.targets,
     ),
     Section(
+        "worker_cpu",
+        "worker CPU: a call against a raw aiohttp request",
+        "only the worker CPU rows (a few minutes)",
+        lambda server, sizes, args: worker_cpu.run(server.url, args.quick),
+        worker_cpu.print_section,
+        worker_cpu.targets,
+    ),
+    Section(
         "tenants",
         "tenants: the fair take against the take before tenants",
         "only the tenants' rows (a few minutes)",
@@ -184,6 +194,14 @@ SECTIONS = (
         "only the approval check's rows (a minute)",
         lambda server, sizes, args: approvals.run(server.url, max(sizes.light_calls, APPROVAL_CALLS), _rounds(args)),
         approvals.print_section,
+    ),
+    Section(
+        "code_mode",
+        "code mode: what a model reads, gathered calls against sequential ones, a program's cost",
+        "only code mode's rows (a few minutes)",
+        lambda server, sizes, args: code_mode.run(server.url, args.quick),
+        code_mode.print_section,
+        code_mode.targets,
     ),
     Section(
         "mcp",
@@ -247,7 +265,7 @@ def print_header(results: dict[str, Any]) -> None:
 def print_targets(found: list[Target]) -> None:
     print("\ntargets (ratios of the raw limit measured in this run)")
     for target in found:
-        print(f"  [{'met' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")
+        print(f"  [{'MET' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")
 
 
 # Results files
@@ -320,7 +338,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="calls per acall_many; default 50")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     for section in SECTIONS:
-        parser.add_argument(f"--{section.name}-only", action="store_true", help=section.only)
+        # `code_mode` is `--code-mode-only` (argparse makes its dest code_mode_only again)
+        parser.add_argument(f"--{section.name.replace('_', '-')}-only", action="store_true", help=section.only)
     parser.add_argument("--reference-tree", type=Path, help="a checkout whose worker the tracing rows compare with")
     parser.add_argument(
         "--tenants-reference-tree",

@@ -14,7 +14,7 @@ import redis
 
 from tests.conftest import FIXTURES, Upstream, start_worker, stop_worker, worker_env
 from tests.support.servers import DnsServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.client import AsyncToolClient
 from worker.constants import DEAD_LETTER_KEY, DEFAULT_QUEUE, ROUTES_KEY
 from worker.dev.embedded import EmbeddedRedis
@@ -48,9 +48,9 @@ def test_slow_upstream_has_its_own_queue(stack: tuple[str, dict[str, str]], tmp_
     wait_until(lambda: r.hget(ROUTES_KEY, "slow_call") == b"slowlane", what="the routes written")
 
     async def scenario() -> tuple[list[int], int, float]:
-        slow = [asyncio.create_task(_call(url, "slow_call", {"delay": 0.1}, 30)) for _ in range(5)]
+        slow = [asyncio.create_task(_call(url, "slow_call", {"delay": 0.1}, scaled(30))) for _ in range(5)]
         started = time.monotonic()
-        fast = await _call(url, "fast_echo", {}, 10)
+        fast = await _call(url, "fast_echo", {}, scaled(10))
         fast_s = time.monotonic() - started
         assert r.llen("slowlane") >= 1  # nobody consumes the slow lane yet
         lane = start_worker(env, tmp_path / "slowlane.log", "-Q", "slowlane")
@@ -60,7 +60,7 @@ def test_slow_upstream_has_its_own_queue(stack: tuple[str, dict[str, str]], tmp_
             stop_worker(lane)
 
     slow_codes, fast_code, fast_s = asyncio.run(scenario())
-    assert fast_code == 0 and fast_s < 5
+    assert fast_code == 0 and fast_s < scaled(5)
     assert slow_codes == [0] * 5
     r.close()
 

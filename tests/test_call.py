@@ -456,7 +456,7 @@ async def test_secrets_echoed_by_the_upstream_are_redacted(run: Any) -> None:
 async def test_call_logs_finished_without_secrets(run: Any) -> None:
     """A call logs `call.finished` with callId/tool/upstream/exitCode, and no secret in any event."""
     processors: list[Processor] = [
-        structlog.contextvars.merge_contextvars,
+        logs.merge_call_fields,
         logs.redact_secret_keys,
         structlog.processors.format_exc_info,
         logs.redact_secret_values,
@@ -477,7 +477,7 @@ async def test_call_logs_finished_without_secrets(run: Any) -> None:
 
 async def test_call_logs_its_tenant(run: Any) -> None:
     """Every log line of a call names its tenant (default when the call names none)."""
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as events:
+    with capture_logs(processors=[logs.merge_call_fields]) as events:
         await run(lookup(tenant="acme"), echo_headers)
         await run(lookup(), echo_headers)
     finished = [e for e in events if e["event"] == "call.finished"]

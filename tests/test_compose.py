@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from worker.cli import _parser
+from worker.cli import parser
 from worker.connections import parse_sentinel_url
 from worker.queue.app import app
 from worker.settings import Settings
@@ -156,7 +156,7 @@ def test_toolworker_commands_exist(command: list[str]) -> None:
     assert command[0] == "toolworker"
     run_help([TOOLWORKER, command[1]])
     try:
-        _parser().parse_args(command[1:])
+        parser().parse_args(command[1:])
     except SystemExit as exc:
         pytest.fail(f"`{' '.join(command)}` is refused by the CLI (exit {exc.code})")
 
@@ -255,7 +255,7 @@ def test_gateway_scales_needs_tokens_and_checks_its_health() -> None:
     gateway = SERVICES["gateway"]
     command = argv("gateway")
     assert command[:2] == ["toolworker", "gateway"]
-    parsed = _parser().parse_args(command[1:])
+    parsed = parser().parse_args(command[1:])
     assert parsed.host == "0.0.0.0"
     [mapping] = gateway["ports"]
     host, port = container_port(mapping)

@@ -41,7 +41,7 @@ from worker.connections import connect
 from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
 from worker.queue import broker, scheduler
-from worker.queue.broker import process_holdings
+from worker.queue.holdings import process_holdings
 from worker.queue.leases import HOLDERS_KEY, INFLIGHT_PREFIX, Leases, inflight_key, redelivered
 
 # The bound on the outage: a new call is answered within 15 s of the primary's crash.

@@ -21,6 +21,8 @@ LAYERS: list[frozenset[str]] = [
     frozenset({"worker.gateway"}),
     frozenset({"worker", "worker.client", "worker.watch"}),
     frozenset({"worker.queue", "worker.upstreams"}),
+    # Code mode's sandbox bridge and runs, under the queue that parks and wakes programs (queue/programs.py).
+    frozenset({"worker.program"}),
     frozenset({"worker.call"}),
     frozenset({"worker.http", "worker.mcp_client"}),
     frozenset({"worker.definitions"}),
@@ -65,6 +67,9 @@ GATEWAY_MODULES = (
     "worker.gateway.identity.security",
 )
 ACROSS_SEAMS |= {(gateway, vault) for gateway in GATEWAY_MODULES for vault in VAULT_MODULES}
+# An MCP upstream's authorization discovery: the connect link's flow at the gateway uses the endpoints a worker
+# discovered (or discovers them itself, held to the same egress policy).
+ACROSS_SEAMS |= {("worker.gateway.identity.delegation", "worker.call.mcp_authorization")}
 # The cache: the gateway answers a hit without the queue, so it finds an answer under the key the workers
 # store it under, computed by the one function of the call's cache.
 ACROSS_SEAMS |= {("worker.gateway.calls", "worker.call.cache")}

@@ -15,6 +15,7 @@ import fakeredis
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.waiting import scaled
 from worker.call import connect as connect_module
 from worker.call.connect import ConnectLinks
 from worker.call.renewal import SEND_MARGIN_S
@@ -149,7 +150,7 @@ def test_unusable_vault_keys_stop_a_process_at_start(command: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
     env["TOOLWORKER_VAULT_KEYS"] = "k1:c2hvcnQ="
     done = subprocess.run(
-        [sys.executable, "-m", "worker", command], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "worker", command], env=env, capture_output=True, text=True, timeout=scaled(60)
     )
     assert done.returncode == 78, done.stderr
     assert "TOOLWORKER_VAULT_KEYS: 'k1' is not `kid:BASE64(32 bytes)`" in done.stderr

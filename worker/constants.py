@@ -62,7 +62,12 @@ KIND_DEFINED = "defined"  # rendered from the definition's templates
 KIND_HTTP_REQUEST = "http_request"  # the model gives method and URL; egress-checked
 KIND_CATALOG = "catalog"  # answered by the worker from its definitions
 KIND_MCP = "mcp"  # sent as `tools/call` to an MCP server (worker/mcp_client/)
+KIND_PROGRAM = "program"  # code mode: a program run in the sandbox, its tool calls sent as child calls
 HTTP_REQUEST_TOOL = "http_request"
+# Code mode: the queued call that runs a program (worker/program/), its arguments `code` and `tools`.
+PROGRAM_TOOL = "run_code"
+# How long a client waits for a program by default: TOOLWORKER_CODE_TIMEOUT_SECONDS' default, and a little.
+CODE_CALL_TIMEOUT_S = 130.0
 # The upstream the built-in tools (catalog, http_request) are listed under.
 WORKER_UPSTREAM = "toolworker"
 # Other names models know the generic tool by.

@@ -70,6 +70,9 @@ class ToolResult:
     # Answered from the cache, stored `age` seconds ago.
     cached: bool = False
     age: int | None = None
+    # A program's (code mode, worker/program/): what it printed, and one line per tool call it made.
+    output: str | None = None
+    calls: list[dict[str, Any]] | None = None
     # An MCP upstream's content blocks as the server sent them (text, image, audio, resources).
     content: list[Any] | None = None
 
@@ -112,5 +115,7 @@ class ToolResult:
 
 
 _FIELDS = tuple(f.name for f in fields(ToolResult))
-_OPTIONAL = frozenset({"structured", "truncation", "note", "pages", "next_cursor", "cached", "age", "content"})
+_OPTIONAL = frozenset(
+    {"structured", "truncation", "note", "pages", "next_cursor", "cached", "age", "content", "output", "calls"}
+)
 _FIELD_SET = frozenset(_FIELDS)

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from wsgiref.simple_server import WSGIServer
 
 import structlog
@@ -75,18 +75,32 @@ def observe_cache(tool: str, hit: bool) -> None:
 def observe_call(envelope: ToolResult, upstream: str | None) -> None:
     """Record one finished call; `upstream` is None when the call never resolved to a defined tool."""
     tool, where = (envelope.tool, upstream) if upstream is not None else (UNRESOLVED_TOOL, NO_UPSTREAM)
-    CALLS.labels(tool, where, str(envelope.exit_code)).inc()
-    DURATION.labels(tool, where).observe(envelope.duration_ms / 1000)
+    _child(CALLS, tool, where, str(envelope.exit_code)).inc()
+    _child(DURATION, tool, where).observe(envelope.duration_ms / 1000)
     if envelope.truncated:
-        TRUNCATED.labels(tool, where).inc()
+        _child(TRUNCATED, tool, where).inc()
     if envelope.attempts > 1:
-        RETRIES.labels(tool, where).inc(envelope.attempts - 1)
+        _child(RETRIES, tool, where).inc(envelope.attempts - 1)
+
+
+# The labelled series of each metric, found once: `labels()` checks and joins its values on every call.
+# Bounded like the series themselves (tools x upstreams x exit codes); a new definitions version that
+# drops a tool leaves its entries, as prometheus-client keeps its series.
+_children: dict[tuple[object, ...], Any] = {}
+
+
+def _child(metric: Counter | Histogram | Gauge, *labels: str) -> Any:
+    key = (metric, *labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
 
 
 @contextmanager
 def in_flight(tool: str, upstream: str) -> Iterator[None]:
     """Count the block as one call in flight, however it ends (also when cancelled)."""
-    gauge = IN_FLIGHT.labels(tool, upstream)
+    gauge = _child(IN_FLIGHT, tool, upstream)
     gauge.inc()
     try:
         yield

@@ -109,6 +109,24 @@ class Settings(BaseSettings):
     callback_retry_seconds: float = Field(3600.0, gt=0)
     # The longest one delivery attempt may take; a worker's claim on a delivery lasts a little longer.
     callback_timeout_seconds: float = Field(10.0, gt=0, le=300)
+    # Code mode (worker/program/, docs/guides/code-mode.md): `run_code` offered beside the tools in the
+    # gateway's `all` and `discovery` modes (always in `code` mode).
+    code_mode: bool = False
+    # What the gateway's MCP clients see (`--mode` chooses too): `all` the tools, `discovery` meta-tools to
+    # find and call them, `code` the meta-tools to find them and `run_code` to call them from a program.
+    gateway_mode: Literal["all", "discovery", "code"] = "all"
+    # Tool calls one program may make; the next one ends it (exit 75).
+    code_max_calls: int = Field(50, ge=1, le=10_000)
+    # Wall time of a program, from its start to its answer, its tool calls' time included (exit 75).
+    code_timeout_seconds: float = Field(120.0, gt=0, le=86_400)
+    # The sandbox's heap (exit 75 when a program needs more).
+    code_max_memory_mb: int = Field(64, ge=1, le=4096)
+    # CPU time of one stretch of a program, between two of its suspensions (exit 75).
+    code_cpu_seconds: float = Field(5.0, gt=0, le=600)
+    # Bytes of a program's printed output, and of its answer's JSON (exit 63 past either).
+    code_max_output_bytes: int = Field(1024 * 1024, ge=1024)
+    # Sandbox processes a worker process keeps (programs beyond it wait for one).
+    code_sandboxes: int = Field(2, ge=1, le=64)
 
     @model_validator(mode="after")
     def _home_shard(self) -> Settings:

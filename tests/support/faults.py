@@ -25,7 +25,7 @@ from aiohttp import web
 
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.servers import DnsServer, ServerThread, TcpServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.client import ToolClient
 from worker.constants import DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
@@ -244,7 +244,7 @@ def make_stack(
 def warm_up(stack: Stack, tool: str, arguments: dict[str, Any]) -> None:
     """Wait (bounded) until a worker answers; any envelope will do."""
     with ToolClient(stack.server.url) as tool_client:
-        result = tool_client.call(tool, arguments, timeout=60)
+        result = tool_client.call(tool, arguments, timeout=scaled(60))
     assert result.error is None or result.error["type"] != "timeout", stack.log_tail()
 
 

@@ -18,6 +18,7 @@ from mcp import Client
 
 from tests.conftest import FIXTURES, SECRET_TOKEN, start_worker, stop_worker, worker_env
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
+from tests.support.waiting import Budget, scaled
 from worker.dev.embedded import EmbeddedRedis, free_port
 
 TOKEN = "gw-token-0123456789"
@@ -93,21 +94,25 @@ def start_gateway(env: dict[str, str], log_path: Path, port: int | None = None, 
     with log_path.open("ab") as log:
         process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     gateway = Gateway(process, port, log_path, env, args)
-    wait_listening(gateway)
+    try:
+        wait_listening(gateway)
+    except BaseException:  # a gateway that did not come up is not left running
+        gateway.stop()
+        raise
     return gateway
 
 
 def wait_listening(gateway: Gateway, timeout_s: float = 60.0, ready: bool = False) -> None:
     """Until the gateway answers HTTP (its /healthz needs no token), and with `ready` until it says a
     worker answers."""
-    deadline = time.monotonic() + timeout_s
+    budget = Budget(timeout_s)
     while True:
         try:
-            if httpx2.get(gateway.url + "/healthz", timeout=5).status_code == 200 or not ready:
+            if httpx2.get(gateway.url + "/healthz", timeout=scaled(5)).status_code == 200 or not ready:
                 return
         except httpx2.TransportError:
             pass
-        if gateway.process.poll() is not None or time.monotonic() > deadline:
+        if gateway.process.poll() is not None or budget.exhausted():
             raise RuntimeError(f"the gateway did not start:\n{gateway.log_text()[-3000:]}") from None
         time.sleep(0.05)
 
@@ -152,7 +157,7 @@ def gateway_stack(dns_server: DnsServer, tmp_path_factory: pytest.TempPathFactor
         gateway = start_gateway(gateway_env(server.url), directory / "gateway.log")
         wait_listening(gateway, ready=True)
         body = {"tool": "echo_get", "arguments": {"item": "warm"}}
-        warm = httpx2.post(gateway.url + "/v1/calls", json=body, headers=auth(), timeout=60)
+        warm = httpx2.post(gateway.url + "/v1/calls", json=body, headers=auth(), timeout=scaled(60))
         assert warm.status_code == 200 and warm.json()["exitCode"] == 0, (warm.text, gateway.log_text()[-2000:])
         yield Stack(server, state, recorder, upstream.url, gateway, env, directory)
     finally:

@@ -11,13 +11,16 @@
 // (authorization code + PKCE, refresh tokens rotated on every use, revocation), and "exchangeClients":
 // [{client_id, client_secret}] (RFC 8693 token exchange of this provider's own access tokens). A user logs
 // in and consents in one step: POST /interaction/<uid> with `login=<account>` (the scripted browser).
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 // The package lives in the project's own folder (the Makefile installs it), not next to this script.
 const { default: Provider, errors } = await import(pathToFileURL(join(process.argv[2], 'oidc-provider', 'lib', 'index.js')));
-const jose = await import(pathToFileURL(join(process.argv[2], 'jose', 'dist', 'node', 'esm', 'index.js')));
+// oidc-provider's own jose (5.x): another package in the folder (server-everything) may put a newer one on top.
+const nestedJose = join(process.argv[2], 'oidc-provider', 'node_modules', 'jose');
+const josePath = existsSync(nestedJose) ? nestedJose : join(process.argv[2], 'jose');
+const jose = await import(pathToFileURL(join(josePath, 'dist', 'node', 'esm', 'index.js')));
 const config = JSON.parse(readFileSync(process.argv[3], 'utf8'));
 const upstream = config.upstream || null;
 const TOKEN_EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';

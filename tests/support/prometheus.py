@@ -12,6 +12,8 @@ from types import ModuleType
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.waiting import Budget
+
 DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
 Sample = tuple[str, frozenset[tuple[str, str]]]
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -30,9 +32,9 @@ def scrape(port: int) -> dict[Sample, float]:
 
 def wait_for_sample(port: int, key: Sample, at_least: float) -> float:
     """Scrape until the sample reaches `at_least` (bounded: 20 s)."""
-    deadline = time.monotonic() + 20
+    budget = Budget(20)
     value = 0.0
-    while time.monotonic() < deadline:
+    while not budget.exhausted():
         try:
             value = scrape(port).get(key, 0.0)
         except OSError:  # the worker is not serving yet

@@ -23,6 +23,8 @@ from tests.support import waiting
 from tests.support.gateway_stack import Gateway, gateway_env, start_gateway, wait_listening
 from tests.support.servers import DnsServer
 from worker.client import AsyncToolClient
+from worker.client.replies import Replies
+from worker.client.routing import Routing
 from worker.dev.embedded import free_port
 from worker.settings import get_settings
 
@@ -263,16 +265,25 @@ DEFINITIONS = FIXTURES / "sentinel"
 LEASE_S = 2
 
 
-class CountingClient(AsyncToolClient):
-    """The client, keeping every envelope its reply stream brings (a call answered twice shows here)."""
+class CountingReplies(Replies):
+    """The client's reply streams, keeping every envelope they bring (a call answered twice shows here)."""
 
-    def __init__(self, redis_url: str) -> None:
-        super().__init__(redis_url)
+    def __init__(self, routing: Routing) -> None:
+        super().__init__(routing)
         self.envelopes: defaultdict[str, list[str]] = defaultdict(list)
 
     def _deliver(self, envelope: dict[str, Any]) -> None:
         self.envelopes[str(envelope.get("callId"))].append(json.dumps(envelope, sort_keys=True))
         super()._deliver(envelope)
+
+
+class CountingClient(AsyncToolClient):
+    """The client, its replies read by CountingReplies."""
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(redis_url)
+        self.replies = CountingReplies(self.routing)
+        self.envelopes = self.replies.envelopes
 
 
 @dataclass

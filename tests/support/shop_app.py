@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from tests.support.waiting import Budget
 from worker.dev.embedded import free_port
 
 
@@ -73,9 +74,9 @@ class ShopServer:
 
     def start(self) -> Self:
         self.thread.start()
-        deadline = time.monotonic() + 20
+        budget = Budget(20)
         while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
+            if budget.exhausted() or not self.thread.is_alive():
                 raise RuntimeError("the shop app did not start")
             time.sleep(0.02)
         return self

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from worker.call.auth import TokenCache, authorize
 from worker.call.delegated import UserTokens
+from worker.call.mcp_authorization import McpAuthorization
 from worker.call.rendering import render_secret
 from worker.definitions.model import Upstream
 from worker.http.transport import HttpTransport, PreparedRequest
@@ -29,8 +30,12 @@ async def server_spec(
     deadline: float,
     transport: HttpTransport,
     users: UserTokens | None,
+    authorization: McpAuthorization | None = None,
 ) -> tuple[ServerSpec, PreparedRequest]:
-    """The server as the client reaches it for this call, and the request that describes it (its secrets)."""
+    """The server as the client reaches it for this call, and the request that describes it (its secrets);
+    OAuth endpoints the upstream leaves to discovery are discovered first."""
+    if authorization is not None:
+        upstream = await authorization.upstream(upstream, environ, deadline)
     request, _ = await authorize(
         bare_request(upstream, environ),
         upstream,

@@ -44,6 +44,7 @@ class McpTool:
                     job.deadline,
                     runtime.transport,
                     runtime.users,
+                    runtime.mcp_authorization,
                 )
                 request = described(request, job)
                 logs.bind_secrets(request.secrets)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode
+from weakref import WeakKeyDictionary
 
 from yarl import URL
 
@@ -35,8 +37,10 @@ def render(
     the request is, whatever the process's settings and secrets: the cache's key, worker/call/cache.py)."""
     ctx = _Placeholders(arguments) if placeholders else _Context(arguments, environ)
     spec = tool.request
-    referenced = {name for t in spec.templates for name in t.arg_names}
-    extra = {k: v for k, v in arguments.items() if k not in referenced} if spec.send_unreferenced else {}
+    extra = {}
+    if spec.send_unreferenced:
+        referenced = _referenced(tool)
+        extra = {k: v for k, v in arguments.items() if k not in referenced}
     query = _render_query(spec.query, ctx)
     body_value = _render_body(spec.body, spec.content_type, ctx)
     if extra and spec.method in QUERY_METHODS:
@@ -57,6 +61,19 @@ def render(
         secret_headers=frozenset(secret_names),
         dropped_headers=tuple(dropped),
     )
+
+
+# Per tool (a definitions version's tools go with it), what every call of the tool would work out again.
+_referenced_by_tool: WeakKeyDictionary[Tool, frozenset[str]] = WeakKeyDictionary()
+
+
+def _referenced(tool: Tool) -> frozenset[str]:
+    """The arguments the tool's request templates name."""
+    referenced = _referenced_by_tool.get(tool)
+    if referenced is None:
+        referenced = frozenset(name for template in tool.request.templates for name in template.arg_names)
+        _referenced_by_tool[tool] = referenced
+    return referenced
 
 
 def render_secret(template: Template, environ: Mapping[str, str]) -> str:
@@ -160,24 +177,51 @@ def _render_url(upstream: Upstream, path: Template, query: list[tuple[str, str]]
 def _render_base_url(template: Template, ctx: _Context) -> str:
     """Where to connect is configuration, not a credential: only a password in it is a secret."""
     base = "".join(part if isinstance(part, str) else ctx.env(part, secret=False) for part in template.parts)
-    try:
-        password = URL(base).password
-    except ValueError:
-        password = None
+    password = _password(base)
     if password:
         ctx.secrets.add(password)
     return base
 
 
-def _check_url(url: str, base: str) -> None:
+# A process renders a few base URLs many times: each is parsed once.
+_BASE_URLS_CACHED = 1024
+
+
+@lru_cache(maxsize=_BASE_URLS_CACHED)
+def _password(base: str) -> str | None:
     try:
-        parsed, origin = URL(url, encoded=True), URL(base, encoded=True)
+        return URL(base).password
+    except ValueError:
+        return None
+
+
+def _check_url(url: str, base: str) -> None:
+    origin = _base_origin(base)
+    if url == base or url.startswith(base.rstrip("/") + "/"):
+        # The base URL's authority, then a slash: nothing after it can name another host.
+        _checked_origin(origin, origin)
+        return
+    _checked_origin(_origin(url), origin)
+
+
+def _checked_origin(parsed: tuple[str, str | None, int | None], origin: tuple[str, str | None, int | None]) -> None:
+    scheme, host, _ = parsed
+    if scheme not in {"http", "https"} or not host:
+        raise MalformedURL(f"The request URL is malformed (scheme {scheme!r}, host {host!r}).")
+    if parsed != origin:
+        raise InvalidArguments("The arguments may not change the host the tool talks to.")
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    """Scheme, host and port; MalformedURL when the text is no URL."""
+    try:
+        parsed = URL(url, encoded=True)
+        return parsed.scheme, parsed.host, parsed.port
     except ValueError as exc:
         raise MalformedURL(f"The request URL is malformed: {exc}") from None
-    if parsed.scheme not in {"http", "https"} or not parsed.host:
-        raise MalformedURL(f"The request URL is malformed (scheme {parsed.scheme!r}, host {parsed.host!r}).")
-    if (parsed.scheme, parsed.host, parsed.port) != (origin.scheme, origin.host, origin.port):
-        raise InvalidArguments("The arguments may not change the host the tool talks to.")
+
+
+_base_origin = lru_cache(maxsize=_BASE_URLS_CACHED)(_origin)
 
 
 def _render_query(templates: Mapping[str, Template], ctx: _Context) -> list[list[tuple[str, str]]]:

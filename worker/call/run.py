@@ -12,7 +12,7 @@ import time
 
 import structlog
 
-from worker import errors, metrics
+from worker import errors, logs, metrics
 from worker.call import cache, call_headers, pagination, ratelimit, shaping
 from worker.call.admission import call_deadline, encoded_size, validate_arguments
 from worker.call.catalog_tools import CatalogTool
@@ -38,10 +38,10 @@ HANDLERS: dict[str, ToolHandler] = {
 async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None = None) -> ToolResult:
     """Run one call; every outcome, including a bug in the worker, is an envelope."""
     started = time.perf_counter()
-    # Each call runs in an asyncio task of its own, so its context (and these bindings) die with it.
-    structlog.contextvars.bind_contextvars(callId=call.call_id, tool=call.tool, tenant=call.tenant)
-    if call.principal is not None:  # made through the gateway: by whom (a name, never a credential)
-        structlog.contextvars.bind_contextvars(principal=call.principal)
+    # Each call runs in an asyncio task of its own, so its context (and these bindings) die with it. A call
+    # made through the gateway names by whom too (a name, never a credential).
+    principal = {} if call.principal is None else {"principal": call.principal}
+    logs.bind_call(callId=call.call_id, tool=call.tool, tenant=call.tenant, **principal)
     try:
         job = await admit(call, runtime, time.time() if received_at is None else received_at)
         envelope = await _answered(job, runtime)
@@ -94,7 +94,7 @@ async def admit(call: ToolCall, runtime: Runtime, received_at: float) -> Job:
     deadline = call_deadline(call, received_at)
     call = call_headers.opened(call, runtime.users.keyring)
     tool, upstream = runtime.resolve(call.tool)
-    structlog.contextvars.bind_contextvars(upstream=upstream.name)
+    logs.bind_call(upstream=upstream.name)
     arguments = validate_arguments(call.arguments, runtime.validator(tool))
     if call.headers:
         encoded_size(call.headers)  # refuses text that is not valid Unicode

@@ -12,6 +12,7 @@ from worker.call.auth import TokenCache
 from worker.call.circuit import Breakers
 from worker.call.delegated import UserTokens
 from worker.call.fairness import FairTurns
+from worker.call.mcp_authorization import McpAuthorization
 from worker.call.vault import Keyring
 from worker.constants import TOOL_ALIASES
 from worker.definitions.model import Tool, ToolSet, Upstream
@@ -49,6 +50,8 @@ class Runtime:
         self.users = users or UserTokens(redis, Keyring([]), None, 0)
         # One session per MCP server, reused by every call of this process.
         self.mcp = mcp or Sessions()
+        # MCP servers' authorization servers, found as the MCP specification's client finds them.
+        self.mcp_authorization = McpAuthorization(redis, self.policy, self.transport)
         self._validators: dict[str, Draft202012Validator] = {}
         self._turns: dict[str, FairTurns] = {}
 

@@ -1,9 +1,12 @@
-"""`toolworker call`: one call through the queue, its arguments and headers from the command line."""
+"""`toolworker call`: one call through the queue, its arguments and headers from the command line; and
+`toolworker run-code`: a program (code mode) from a file or standard input."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from worker.cli.checks import check_redis
@@ -29,6 +32,17 @@ def call(args: argparse.Namespace) -> int:
             result = client.call(args.tool, arguments, headers=headers, timeout=args.timeout)
     except RedisConnectionError as exc:  # Redis went away after the check
         raise RedisUnavailable(f"lost Redis at {mask_url(settings.redis_url)}: {exc}") from None
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    return result.exit_code
+
+
+def run_code(args: argparse.Namespace) -> int:
+    from worker.client import ToolClient
+
+    code = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    check_redis(get_settings())
+    with ToolClient() as client:
+        result = client.run_code(code, timeout=args.timeout)
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     return result.exit_code
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from worker.cli import calls, definitions, fleet, operators, serve, upstreams
 from worker.connections import RedisUnavailable
+from worker.constants import CODE_CALL_TIMEOUT_S
 from worker.errors import RedisLost
 
 
@@ -96,7 +97,12 @@ def _add_commands(
 
 _GATEWAY_OPTIONS = (
     arg("--tag", action="append", default=[], help="offer only tools with this tag (repeatable)"),
-    arg("--mode", choices=["all", "discovery"], default="all", help="discovery: meta-tools only"),
+    arg(
+        "--mode",
+        choices=["all", "discovery", "code"],
+        default=None,
+        help="discovery: meta-tools only; code: find tools, run programs (default: TOOLWORKER_GATEWAY_MODE)",
+    ),
 )
 _ITEM = arg("item", metavar="N", help="the item's id, as `dead-letters list` prints it")
 _DEAD_LETTER_ACTIONS = (
@@ -195,6 +201,15 @@ COMMANDS: tuple[Command, ...] = (
             arg("--header", action="append", default=[], metavar="K:V", help="a per-call header"),
             arg("--timeout", type=float, default=60.0, metavar="S"),
             arg("--no-wait", action="store_true", help="print the callId and exit"),
+        ),
+    ),
+    Command(
+        "run-code",
+        "run a program (code mode), print its envelope; exits with its exitCode",
+        calls.run_code,
+        (
+            arg("file", help="the program's file, or - for standard input"),
+            arg("--timeout", type=float, default=CODE_CALL_TIMEOUT_S, metavar="S"),
         ),
     ),
     Command(

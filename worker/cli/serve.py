@@ -108,7 +108,7 @@ def gateway(args: argparse.Namespace) -> int:
     configure(settings.log_format, settings.log_level)
     if not vault_keys_usable(settings):
         return 78
-    return serve(settings, Options(args.tag, args.mode), args.host, args.port)
+    return serve(settings, Options(args.tag, args.mode or settings.gateway_mode), args.host, args.port)
 
 
 def mcp(args: argparse.Namespace) -> int:
@@ -120,4 +120,4 @@ def mcp(args: argparse.Namespace) -> int:
     configure(settings.log_format, settings.log_level)
     if not vault_keys_usable(settings):
         return 78
-    return serve_stdio(settings, Options(args.tag, args.mode))
+    return serve_stdio(settings, Options(args.tag, args.mode or settings.gateway_mode))

@@ -21,7 +21,7 @@ from worker.client.messages import CallSpec, check_timeout, checked_tenant, comm
 from worker.client.outbox import Outbox
 from worker.client.replies import Replies
 from worker.client.routing import Link, Routing
-from worker.constants import DEFAULT_CALL_TIMEOUT_S, DEFAULT_QUEUE, DEFAULT_TENANT
+from worker.constants import CODE_CALL_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DEFAULT_QUEUE, DEFAULT_TENANT, PROGRAM_TOOL
 from worker.envelope import ToolResult
 from worker.errors import RedisLost, TenantQueueFull
 from worker.http.egress import EgressPolicy, check_callback
@@ -81,6 +81,13 @@ class AsyncToolClient:
         where its envelope is POSTed once published (signed, Standard Webhooks)."""
         specs: list[CallSpec] = [(tool, arguments or {}, headers or {})]
         return (await self.acall_many(specs, timeout=timeout, tenant=tenant, user=user, callback_url=callback_url))[0]
+
+    async def arun_code(
+        self, code: str, *, timeout: float = CODE_CALL_TIMEOUT_S, tenant: str | None = None, user: str | None = None
+    ) -> ToolResult:
+        """Run a program (code mode, docs/guides/code-mode.md): its value is the envelope's `result`
+        (`structuredContent` when not text), its printed text `output`, its tool calls `calls`."""
+        return await self.acall(PROGRAM_TOOL, {"code": code}, timeout=timeout, tenant=tenant, user=user)
 
     async def acall_many(
         self,

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from worker.client.async_client import AsyncToolClient
 from worker.client.handles import CallHandle
 from worker.client.messages import CallSpec, checked_tenant
-from worker.constants import CLIENT_SLACK_S, DEFAULT_CALL_TIMEOUT_S, DEFAULT_QUEUE, DEFAULT_TENANT
+from worker.constants import CLIENT_SLACK_S, CODE_CALL_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S, DEFAULT_QUEUE, DEFAULT_TENANT
 from worker.envelope import ToolResult
 from worker.http.egress import EgressPolicy, check_callback
 from worker.loop import LoopThread
@@ -54,6 +54,12 @@ class ToolClient:
             tool, arguments, headers=headers, timeout=timeout, tenant=tenant, user=user, callback_url=callback_url
         )
         return self._run(call, timeout)
+
+    def run_code(
+        self, code: str, *, timeout: float = CODE_CALL_TIMEOUT_S, tenant: str | None = None, user: str | None = None
+    ) -> ToolResult:
+        """Run a program (code mode): see `AsyncToolClient.arun_code`."""
+        return self._run(self._async.arun_code(code, timeout=timeout, tenant=tenant, user=user), timeout)
 
     def submit(
         self,

@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from worker.constants import HTTP_REQUEST_TOOL, KIND_CATALOG, KIND_HTTP_REQUEST, WORKER_UPSTREAM
+from worker.constants import (
+    HTTP_REQUEST_TOOL,
+    KIND_CATALOG,
+    KIND_HTTP_REQUEST,
+    KIND_PROGRAM,
+    PROGRAM_TOOL,
+    WORKER_UPSTREAM,
+)
 from worker.definitions import catalog
 from worker.definitions.model import RequestTemplate, Tool, ToolSet, Upstream
 from worker.definitions.templates import Template
@@ -92,8 +99,37 @@ def http_request_tool(upstream: str) -> Tool:
     )
 
 
-def served_toolset(toolset: ToolSet, http_request_enabled: bool) -> ToolSet:
-    """The toolset a worker serves: the defined tools, the catalog tools, `http_request` if enabled."""
+_PROGRAM_DESCRIPTION = (
+    "Run a short Python program against the tools: `await tools.<name>(**arguments)` calls a tool and returns"
+    " its structured answer (else its text); a failed call raises `ToolError` (its text names the tool, exit"
+    " code and HTTP status). `asyncio.gather(...)` runs calls in parallel. Imports: json, re, math, datetime,"
+    " asyncio. The answer is the value of the last expression, plus what the program printed. Find tools"
+    " with `search_tools` and their Python signatures with `get_tool_schema`."
+)
+_PROGRAM_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "minLength": 1, "description": "The program's text."}},
+    "required": ["code"],
+    "additionalProperties": False,
+}
+
+
+def program_tool(upstream: str) -> Tool:
+    """`run_code` (code mode): offered by a gateway in code mode or with TOOLWORKER_CODE_MODE on."""
+    return Tool(
+        name=PROGRAM_TOOL,
+        upstream=upstream,
+        request=RequestTemplate(method="POST"),
+        description=_PROGRAM_DESCRIPTION,
+        tags=("code",),
+        schema=dict(_PROGRAM_SCHEMA),
+        kind=KIND_PROGRAM,
+    )
+
+
+def served_toolset(toolset: ToolSet, http_request_enabled: bool, code_mode: bool = False) -> ToolSet:
+    """The toolset a worker serves: the defined tools, the catalog tools, `http_request` if enabled (and,
+    at a gateway in code mode, `run_code`: the workers run programs whatever their toolset)."""
     served = ToolSet(
         dict(toolset.upstreams),
         dict(toolset.tools),
@@ -103,6 +139,7 @@ def served_toolset(toolset: ToolSet, http_request_enabled: bool) -> ToolSet:
     )
     served.upstreams[WORKER_UPSTREAM] = Upstream(WORKER_UPSTREAM, Template.literal(""))
     extra = catalog_tools(WORKER_UPSTREAM) + ([http_request_tool(WORKER_UPSTREAM)] if http_request_enabled else [])
+    extra += [program_tool(WORKER_UPSTREAM)] if code_mode else []
     for tool in extra:
         served.tools.setdefault(tool.name, tool)
     return served

@@ -39,6 +39,7 @@ from worker.gateway.console.sources import Extensions, ParkedCalls, UserConnecti
 from worker.gateway.identity.oauth import JwtVerifier, protected_resource_routes, resource_metadata_url
 from worker.gateway.identity.principals import AccessFileError, audience, read_access, static_tokens
 from worker.gateway.identity.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
+from worker.gateway.mcp import code_mode
 from worker.gateway.mcp.back_channel import BACK_CHANNEL_SCOPE_KEY, BackChannelTransport, Replies
 from worker.gateway.mcp.server import McpFront, Options
 from worker.gateway.mcp.sessions import Handshakes, McpSessions
@@ -100,6 +101,7 @@ def create_app(
     settings: Settings, options: Options, gatekeeper: tuple[Gatekeeper, list[Route]] | None = None
 ) -> ASGIApp:
     late = _Late()
+    settings = code_mode.settings_for(settings, options.mode)
     keeper, metadata_routes = gatekeeper or identity(settings)
 
     @contextlib.asynccontextmanager

@@ -33,6 +33,7 @@ from worker import tracing
 from worker.call import cache
 from worker.client import AsyncToolClient
 from worker.connections import async_client
+from worker.constants import KIND_PROGRAM, PROGRAM_TOOL
 from worker.definitions.model import Tool, needs_approval
 from worker.envelope import ToolResult
 from worker.errors import UnknownTool
@@ -46,7 +47,7 @@ from worker.gateway.identity.audit import AuditTrail, Decision, Record, now_iso
 from worker.gateway.identity.delegation import Delegation, open_delegation
 from worker.gateway.identity.principals import LOCAL, Principal
 from worker.gateway.withdraw import withdraw
-from worker.queue import approvals
+from worker.queue import approvals, programs
 from worker.queue.publisher import Publisher
 from worker.settings import Settings
 
@@ -157,7 +158,7 @@ class Calls:
         headers = forwarded(spec.headers, upstream)
         if self.delegation is not None and upstream.auth is not None and upstream.auth.type == "oauth2_token_exchange":
             await self.delegation.exchange(spec.principal.name, upstream, spec.subject_token)
-        call = (spec.tool, dict(spec.arguments), headers)
+        call = (spec.tool, self._arguments(tool, spec), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
         who = spec.principal
         taken_at, started_s = now_iso(), time.perf_counter()
@@ -177,6 +178,13 @@ class Calls:
             await self._claims.release(call_id)
             raise
         return Submitted(call_id, tool, True, who, taken_at, started_s)
+
+    def _arguments(self, tool: Tool, spec: CallSpec) -> dict[str, Any]:
+        """The call's arguments; a program's name the tools its `tools` offers: what the principal may call."""
+        arguments = dict(spec.arguments)
+        if tool.kind == KIND_PROGRAM:
+            arguments["tools"] = [name for name in self.visible(spec.principal).names if name != PROGRAM_TOOL]
+        return arguments
 
     async def _grant(self, call_id: str, tool: Tool, spec: CallSpec) -> None:
         """Record the approval a human gave through MCP, so that the worker runs the call (once)."""
@@ -256,6 +264,17 @@ class Calls:
         if not await withdraw(self.client.redis_of(tenant), tool, call_id, tenant, routes=self._redis):
             return False
         await self._claims.release(call_id)
+        return True
+
+    async def cancel_program(self, call_id: str, tenant: str) -> bool:
+        """Cancel a program waiting for its tool calls (code mode): answered 75 by a worker, its calls not
+        started withdrawn; False when it is not a waiting program."""
+        redis = self.client.redis_of(tenant)
+        children = await programs.cancel(redis, call_id)
+        if children is None:
+            return False
+        for child, tool in children.items():
+            await withdraw(redis, tool, child, tenant, routes=self._redis)
         return True
 
     async def _claim(self, call_id: str, spec: CallSpec) -> bool:

@@ -34,7 +34,7 @@ JSON = Any
 
 def served_toolset(toolset: ToolSet, settings: Settings) -> ToolSet:
     """The toolset the workers serve from these definitions (built-in catalog tools included)."""
-    return builtin.served_toolset(toolset, EgressPolicy.parse(settings.egress_allow).enabled)
+    return builtin.served_toolset(toolset, EgressPolicy.parse(settings.egress_allow).enabled, settings.code_mode)
 
 
 def with_tags(toolset: ToolSet, tags: Iterable[str]) -> ToolSet:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, cast
 
 import aiohttp
@@ -261,7 +261,7 @@ async def _send_once(
     """One request; returns the response still holding its connection (see `HttpTransport._release`)."""
     # sock_connect, not connect: waiting for a free pooled connection (max_concurrency) is not a connect
     # failure; the caller's per-attempt budget bounds that wait.
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout_s)
+    timeout = _connect_timeout(limits.connect_timeout_s)
     host = url.host or ""
     try:
         resp = await session.request(
@@ -280,6 +280,12 @@ async def _send_once(
     except ValueError as exc:  # aiohttp refuses some header/URL combinations before sending
         raise errors.InvalidArguments(f"The request cannot be sent: {exc}") from None
     return _response(resp, data, complete), location, resp
+
+
+@lru_cache(maxsize=64)
+def _connect_timeout(connect_s: float) -> aiohttp.ClientTimeout:
+    """The attempt's aiohttp timeout (immutable): one per connect timeout, not one per request."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
 
 
 def _response(resp: aiohttp.ClientResponse, body: bytes, complete: bool) -> Response:

@@ -75,14 +75,16 @@ async def _client(spec: ServerSpec) -> AsyncIterator[Client]:
     """The SDK's client of one server, its handshake done."""
     headers = dict(spec.headers)
     timeout = httpx2.Timeout(spec.timeout_s, connect=spec.connect_timeout_s, read=STREAM_READ_TIMEOUT_S)
-    if spec.transport == "sse":
-        transport: Any = sse_client(spec.url, headers, spec.connect_timeout_s, STREAM_READ_TIMEOUT_S)
-        mode = "legacy"
-    else:
-        http = create_mcp_http_client(headers=headers, timeout=timeout)
-        transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
-    async with Client(transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s) as client:
-        yield client
+    async with contextlib.AsyncExitStack() as stack:
+        if spec.transport == "sse":
+            transport: Any = sse_client(spec.url, headers, spec.connect_timeout_s, STREAM_READ_TIMEOUT_S)
+            mode = "legacy"
+        else:
+            # The SDK leaves a client it was given open: closed here, after the session.
+            http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout))
+            transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
+        client = Client(transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s)
+        yield await stack.enter_async_context(client)
 
 
 async def _sent(client: Client, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:

@@ -62,6 +62,11 @@ dead-lettered (``dead_letter.py``), answered when they name a task id, and remov
 list. A message over the size limit is not even decoded. Messages consumed without acknowledgement (the
 replies to a ``ping``) are removed from the in-flight list as they are taken: nobody acknowledges them.
 
+**Where each part lives.** The channel is built in layers, one job each: ``delivery.py`` hands a taken
+item to the consumer or refuses it, ``held_takes.py`` decides the takes the replicas did not confirm,
+``holdings.py`` keeps the process's account and its lease; this module has the poll (take or wait), the
+settlements (``QoS``) and what keeps the channel usable across a reconnect.
+
 ``register()`` makes this transport the one behind ``redis://`` and ``rediss://`` URLs, and its Sentinel
 variant (the same channel on kombu's ``SentinelChannel``) the one behind ``sentinel://``. It is the one
 extension not named by class path: a transport given as ``broker_transport`` (a class path) becomes the
@@ -72,10 +77,6 @@ scheme, would have none.
 
 from __future__ import annotations
 
-import atexit
-import hashlib
-import os
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,139 +87,22 @@ import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import dumps, loads
+from kombu.utils.json import dumps
 from redis.sentinel import Sentinel
 
-from worker.connections import SentinelPool, parse_sentinel_url, sync_client
+from worker.connections import SentinelPool, parse_sentinel_url
 from worker.constants import DEFAULT_TENANT
 from worker.queue import scheduler
-from worker.queue.dead_letter import refuse_item, refuse_oversize
-from worker.queue.leases import LEASE_PREFIX, Leases, inflight_key
+from worker.queue.delivery import PAUSE_AFTER_TAKE_ENV
+from worker.queue.held_takes import DecidingChannel
+from worker.queue.holdings import process_holdings, process_leases
+from worker.queue.leases import Leases, inflight_key
 from worker.settings import get_settings
 
-# A test hook: seconds to wait between taking a message and handing it to the consumer, so that a test
-# can kill a worker inside what used to be kombu's window. Never set in production.
-PAUSE_AFTER_TAKE_ENV = "TOOLWORKER_TEST_PAUSE_AFTER_TAKE_SECONDS"
+__all__ = ["PAUSE_AFTER_TAKE_ENV", "BrokerTransport", "Channel", "SentinelBrokerTransport", "register"]
+
 # With several queues a poll waits on one of them at a time (BLMOVE takes one source), this long at most.
 _MULTI_QUEUE_WAIT_S = 0.1
-
-_leases: tuple[int, Leases] | None = None
-_leases_lock = threading.Lock()
-
-
-def process_leases(channel: kombu_redis.Channel) -> Leases:
-    """The lease of this process, taken on its first message (and again in a forked child)."""
-    global _leases
-    with _leases_lock:
-        if _leases is None or _leases[0] != os.getpid():
-            settings = get_settings()
-            client = sync_client(settings.queue_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            leases = Leases(client, settings.lease_seconds, channel.unacked_key, channel.unacked_index_key)
-            leases.start()
-            atexit.register(leases.release)
-            _leases = (os.getpid(), leases)
-        return _leases[1]
-
-
-class Holdings:
-    """What this process holds, by its own account: the messages delivered and not yet settled (acknowledged,
-    rejected or restored), and the settlements Redis may not have recorded. One per process, not per
-    channel: after a reconnect the old channel acknowledges the calls it delivered, the new one takes."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._delivered: dict[str, tuple[str, bytes]] = {}  # delivery tag -> (in-flight list, message)
-        self._unconfirmed: set[tuple[str, bytes]] = set()  # settled here; Redis may still hold them
-        self._untrusted: dict[tuple[str, bytes], None] = {}  # taken; the replicas did not confirm it: not run
-        self._started: set[str] = set()  # delivered, and handed to the pool: it runs here, whatever the channel
-        self.stale = False  # a settlement failed: reconcile before the next take
-
-    def hold(self, tag: str, inflight: str, raw: bytes) -> None:
-        with self._lock:
-            self._delivered[tag] = (inflight, raw)
-
-    def entry(self, tag: str) -> tuple[str, bytes] | None:
-        with self._lock:
-            return self._delivered.get(tag)
-
-    def started(self, tag: str) -> None:
-        """A delivered message handed to the worker pool: its call runs in this process from now on, and only
-        its own acknowledgement or rejection settles it (a closing channel does not restore it)."""
-        with self._lock:
-            if tag in self._delivered:
-                self._started.add(tag)
-
-    def running(self, tag: str) -> bool:
-        with self._lock:
-            return tag in self._started
-
-    def settled(self, tag: str, confirmed: bool) -> None:
-        """Called after the settlement's removal from the in-flight list was sent, whether it succeeded."""
-        with self._lock:
-            entry = self._delivered.pop(tag, None)
-            self._started.discard(tag)
-            if entry is not None and not confirmed:
-                self._unconfirmed.add(entry)
-                self.stale = True
-
-    def released(self, tag: str) -> None:
-        """A message no longer held, though Redis may still hold it: taken but never handed on (Redis lost
-        while kombu recorded it), or to go back to its queue by a restore or a reject that failed. The
-        reconcile puts it back."""
-        with self._lock:
-            self._delivered.pop(tag, None)
-            self._started.discard(tag)
-            self.stale = True
-
-    def unconfirmed(self, inflight: str, raw: bytes) -> None:
-        """A message this process dropped (never delivered) whose removal Redis may not have recorded."""
-        with self._lock:
-            self._unconfirmed.add((inflight, raw))
-            self.stale = True
-
-    def untrusted(self, inflight: str, raw: bytes) -> None:
-        """A message taken whose take the replicas did not confirm (MIN_REPLICAS): held, not run, until the
-        primary (the new one after a failover) says whether the take stands."""
-        with self._lock:
-            self._untrusted[(inflight, raw)] = None
-
-    def next_untrusted(self) -> tuple[str, bytes] | None:
-        with self._lock:
-            return next(iter(self._untrusted), None)
-
-    def decided(self, inflight: str, raw: bytes) -> None:
-        """An untrusted take decided: it stands (it is delivered now) or it does not (the copy is dropped)."""
-        with self._lock:
-            self._untrusted.pop((inflight, raw), None)
-
-    def snapshot(self) -> tuple[set[bytes], set[bytes]]:
-        """The messages held (untrusted takes included), and those settled but perhaps still in an in-flight
-        list."""
-        with self._lock:
-            held = {raw for _, raw in self._delivered.values()} | {raw for _, raw in self._untrusted}
-            return held, {raw for _, raw in self._unconfirmed}
-
-    def reconciled(self, settled: set[bytes]) -> None:
-        with self._lock:
-            self._unconfirmed = {entry for entry in self._unconfirmed if entry[1] not in settled}
-            self.stale = bool(self._unconfirmed)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._delivered)
-
-
-_holdings: tuple[int, Holdings] | None = None
-
-
-def process_holdings() -> Holdings:
-    """This process's holdings (a forked child starts with none)."""
-    global _holdings
-    with _leases_lock:
-        if _holdings is None or _holdings[0] != os.getpid():
-            _holdings = (os.getpid(), Holdings())
-        return _holdings[1]
-
 
 # How long a worker that was woken for nothing (every tenant with work at its max_in_flight) waits before
 # it looks again, instead of waiting on a list that is not empty.
@@ -228,28 +112,6 @@ _NAP_KEY = "toolworker:tenants:nap"  # never pushed: a wait on it is a pause on 
 # release of a capped tenant's calls push a wake-up): a wait that ran out is followed by another, and only
 # every third by a look at every list (a stock producer's priority lists are not waited on).
 _LOOK_EVERY_WAITS = 3
-
-
-# Pops the head of an in-flight list if it is the item with this SHA-1 (Redis computes it; the item is not
-# sent). KEYS[1]: the in-flight list. ARGV[1]: the item's SHA-1, hex.
-_DROP_HEAD = """
-local head = redis.call('LINDEX', KEYS[1], 0)
-if head and redis.sha1hex(head) == ARGV[1] then
-  redis.call('LPOP', KEYS[1])
-  return 1
-end
-return 0
-"""
-
-
-# Whether a take held back (its WAIT fell short) stands: 1 if the item is still in this holder's in-flight
-# list, after a write (the holder's lease renewed) that a WAIT sent next covers, and with it the take.
-# KEYS[1]: the in-flight list, KEYS[2]: the holder's lease. ARGV[1]: the item, ARGV[2]: the lease in ms.
-_TAKE_STANDS = """
-if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-return 1
-"""
 
 
 class QoS(kombu_redis.QoS):
@@ -336,36 +198,13 @@ def _settling(tag: str, requeue: bool = False) -> Iterator[None]:
     process_holdings().settled(tag, confirmed=True)
 
 
-_REFUSED = object()  # an item not handed to kombu (a JSON `null` decodes to None)
-
-
-class _NotATransportMessage(Exception):
-    """A queue item kombu cannot read as a message (never leaves this module)."""
-
-
-class Message(virtual.Message):
-    """kombu's message; an item without its fields raises one error this module catches, before the consumer
-    sees anything (kombu's own KeyError or TypeError would stop the consumer)."""
-
-    def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
-        try:
-            super().__init__(payload, channel=channel, **kwargs)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise _NotATransportMessage(f"not a transport message: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(self.delivery_tag, str):
-            raise _NotATransportMessage("not a transport message: its delivery_tag is not a string")
-        if not isinstance(self.delivery_info, dict) or not {"exchange", "routing_key"} <= self.delivery_info.keys():
-            raise _NotATransportMessage("not a transport message: no delivery_info with exchange and routing_key")
-
-
-class Channel(kombu_redis.Channel):
+class Channel(DecidingChannel):
     """Takes messages with the fair take (scheduler.TAKE: every queue, tenant and priority, the message
     recorded in the same step) or, when none is waiting, waits for one with `BLMOVE` on one queue's own
     key without taking it (scheduler's docstring). A channel that only reads replies (consumed without
     acknowledgement) takes them as kombu does, recording nothing."""
 
     QoS = QoS
-    Message = Message
     _opened_with: dict[bool, dict[str, Any]]
     _polled_plainly = False  # kombu's own BRPOP is outstanding
     _wait_next = False
@@ -373,26 +212,10 @@ class Channel(kombu_redis.Channel):
     _nap = False  # woken for nothing: pause before looking again
     _reconciled_on: Any = None  # the socket of the take connection when this channel last reconciled
     _take_waits = 0  # a WAIT for this many replicas follows the take on the wire (MIN_REPLICAS)
-    _deciding: tuple[str, bytes] | None = None  # a held take whose fate is asked on the wire
     _lone_wait = False  # the wait on the wire is on the only queue's own list
     _quiet_waits = 0  # waits in a row that ran out
     _in_poll: Any
     _brpop_sent_at: Any
-
-    @property
-    def _no_ack_queues(self) -> set[str]:
-        queues: set[str] = self.__dict__.setdefault("_no_ack", set())
-        return queues
-
-    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
-        if no_ack:
-            self._no_ack_queues.add(queue)
-        return super().basic_consume(queue, no_ack, *args, **kwargs)
-
-    def basic_cancel(self, consumer_tag: str) -> Any:
-        queue = self._tag_to_queue.get(consumer_tag)
-        self._no_ack_queues.discard(queue)
-        return super().basic_cancel(consumer_tag)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -466,43 +289,6 @@ class Channel(kombu_redis.Channel):
             commands.append(["WAIT", self._take_waits, timeout_ms])
         connection.send_packed_command(connection.pack_commands(commands))
 
-    def _ask_whether_take_stands(self, leases: Leases, entry: tuple[str, bytes]) -> None:
-        """Send _TAKE_STANDS for a take the replicas did not confirm, and a WAIT for them after it."""
-        inflight, raw = entry
-        settings = get_settings()
-        lease_key, lease_ms = LEASE_PREFIX + leases.holder, int(leases.lease_s * 1000)
-        timeout_ms = int(settings.redis_min_replicas_timeout_seconds * 1000)
-        commands: list[list[Any]] = [
-            ["EVAL", _TAKE_STANDS, 2, inflight, lease_key, raw, lease_ms],
-            ["WAIT", settings.redis_min_replicas, timeout_ms],
-        ]
-        connection = self._in_poll = self.client.connection
-        self._brpop_sent_at = time.monotonic()
-        self._deciding = entry
-        connection.send_packed_command(connection.pack_commands(commands))
-
-    def _read_decision(self, entry: tuple[str, bytes], **options: Any) -> bool:
-        """Run a held take that stands once the replicas hold it; drop the copy of one that does not (the
-        promoted primary never had it: it is back on its queue, or another worker's); ask again later
-        while the replicas have not confirmed."""
-        connection, holdings = self.client.connection, process_holdings()
-        try:
-            stands = self.client.parse_response(connection, "EVAL", **options)
-        except redis.ResponseError as exc:
-            self.client.parse_response(connection, "WAIT")
-            kombu_redis.logger.warning("Could not ask whether a held take stands: %s", exc)
-            raise Empty() from exc
-        acked = self.client.parse_response(connection, "WAIT")
-        if not stands:
-            holdings.decided(*entry)
-            kombu_redis.logger.warning("A take the replicas never confirmed was undone by a failover: not run")
-            raise Empty()
-        if acked < get_settings().redis_min_replicas:
-            raise Empty()  # still not on the replicas: held, and asked again
-        holdings.decided(*entry)
-        self._deliver_taken(self.source_of(entry[0]), entry[1])
-        return True
-
     def _reconcile(self, leases: Leases) -> None:
         """Make this holder's in-flight lists what the process holds (no take is outstanding here)."""
         holdings = process_holdings()
@@ -575,14 +361,6 @@ class Channel(kombu_redis.Channel):
             return reply, False
         return reply, True
 
-    def _hold_untrusted(self, reply: Any) -> None:
-        inflight = inflight_key(process_leases(self).holder, bytes_to_str(reply[0]))
-        process_holdings().untrusted(inflight, reply[1])
-
-    def source_of(self, inflight: str) -> str:
-        """The queue list a message in this process's in-flight list `inflight` was taken from."""
-        return inflight[len(inflight_key(process_leases(self).holder, "")) :]
-
     def _do_restore_message(
         self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False
     ) -> None:
@@ -599,72 +377,6 @@ class Channel(kombu_redis.Channel):
             (pipe.lpush if leftmost else pipe.rpush)(source, dumps(payload))
         scheduler.requeued(pipe, source, entry[1], in_flight=False)
         return None
-
-    def _deliver_taken(self, source: str, item: bytes) -> None:
-        """Hand a taken item to the consumer; one that is not a message is refused and dropped instead."""
-        inflight = inflight_key(process_leases(self).holder, source)
-        queue = source.rsplit(self.sep, 1)[0]
-        self._queue_cycle.rotate(queue)
-        payload = self._transport_payload(item)
-        if payload is _REFUSED:
-            self._drop(inflight, item)
-            raise Empty()  # nothing delivered: the consumer takes again
-        tag = _delivery_tag(payload)
-        acknowledged = queue not in self._no_ack_queues
-        if not acknowledged:
-            self._drop(inflight, item)
-        elif tag is not None:
-            process_holdings().hold(tag, inflight, item)
-        pause_s = float(os.environ.get(PAUSE_AFTER_TAKE_ENV) or 0)
-        if pause_s:
-            time.sleep(pause_s)  # a test kills the worker here, between taking and recording
-        try:
-            self.connection._deliver(payload, queue)
-        except _NotATransportMessage as exc:
-            refuse_item(str(exc), item, payload)
-            if acknowledged:
-                if tag is not None:
-                    process_holdings().settled(tag, confirmed=True)
-                self._drop(inflight, item)
-            raise Empty() from None
-        except BaseException:
-            if tag is not None and acknowledged and tag not in self.qos._delivered:
-                process_holdings().released(tag)  # it never reached the consumer: the reconcile puts it back
-            raise
-
-    def _transport_payload(self, item: bytes) -> Any:
-        """The item decoded, or _REFUSED when it is refused (too large to decode, or not JSON)."""
-        limit_bytes = get_settings().max_message_bytes
-        if len(item) > limit_bytes:
-            refuse_oversize(item, limit_bytes)
-            return _REFUSED
-        try:
-            return loads(bytes_to_str(item))
-        except (ValueError, RecursionError) as exc:
-            refuse_item(f"not a transport message: not JSON ({type(exc).__name__})", item, None)
-            return _REFUSED
-
-    def _drop(self, inflight: str, item: bytes) -> None:
-        """Remove an item just taken from the in-flight list now: nobody acknowledges it. It is the list's
-        head (a take pushes there, and nothing is taken meanwhile), named by its digest: an item of 20 MB
-        is not sent back to Redis to be found."""
-        try:
-            with self.conn_or_acquire() as client:
-                dropped = client.eval(_DROP_HEAD, 1, inflight, hashlib.sha1(item).hexdigest())
-                if dropped:  # its tenant's calls are not running
-                    with client.pipeline(transaction=False) as pipe:
-                        scheduler.release(pipe, self.source_of(inflight), item)
-                        pipe.execute()
-        except self.connection_errors:
-            dropped = 0
-        if not dropped:
-            process_holdings().unconfirmed(inflight, item)  # removed on the next reconcile
-
-
-def _delivery_tag(payload: Any) -> str | None:
-    properties = payload.get("properties") if isinstance(payload, dict) else None
-    tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
-    return tag if isinstance(tag, str) else None
 
 
 class BrokerTransport(kombu_redis.Transport):

@@ -32,7 +32,7 @@ from kombu.serialization import loads, prepare_accept_content
 from worker.constants import ACCEPT_CONTENT, OVER_QUOTA_HEADER, TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.loop import process_loop
 from worker.queue.bridge import serve_task
-from worker.queue.broker import process_holdings
+from worker.queue.holdings import process_holdings
 from worker.queue.outcome import CallFailed, failure
 
 _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})

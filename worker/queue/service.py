@@ -23,7 +23,7 @@ from worker.call.run import run_call
 from worker.call.runtime import Runtime
 from worker.call.vault import Keyring
 from worker.connections import connect, sync_client
-from worker.constants import DEFAULT_QUEUE
+from worker.constants import DEFAULT_QUEUE, PROGRAM_TOOL
 from worker.definitions import file_store, listings, redis_store
 from worker.definitions.builtin import served_toolset
 from worker.definitions.mcp_tools import Listing, with_listings
@@ -32,10 +32,13 @@ from worker.envelope import ToolResult
 from worker.errors import CallbackRefused
 from worker.http.egress import EgressPolicy, check_callback
 from worker.http.transport import HttpTransport
+from worker.program.runs import CHILD_MARK
+from worker.program.sandbox import Limits, Sandbox
 from worker.protocol import ToolCall, parse_call, reply_stream
 from worker.queue import activity
 from worker.queue.approvals import PARKED_NOW, Gate
 from worker.queue.outcome import PublishFailed
+from worker.queue.programs import Programs
 from worker.queue.publisher import Publisher
 from worker.queue.webhooks import Deliveries
 from worker.settings import Settings, get_settings
@@ -51,6 +54,7 @@ class Service:
         definitions_version: int = 0,
         gate: Gate | None = None,
         deliveries: Deliveries | None = None,
+        programs: Programs | None = None,
     ) -> None:
         self.runtime = runtime
         self.publisher = publisher
@@ -59,6 +63,8 @@ class Service:
         self.gate = gate
         # The webhooks of this process (worker/queue/webhooks.py); None: callbacks are refused.
         self.deliveries = deliveries
+        # Code mode's programs, parked while their calls run (programs.py).
+        self.programs = programs
         # The definitions as published, and the MCP upstreams' listings served with them.
         self.defined = ToolSet() if runtime is None else runtime.toolset
         self.listings: dict[str, Listing] = {}
@@ -77,6 +83,7 @@ class Service:
         done = await self._already_done([p[0].call_id for p in parsed]) if redelivered else set()
         if done:
             log.info("call.already_answered", callIds=sorted(done))
+            await self._woken(done)
         pending = [(self._checked(p[0], over_quota), p[1]) for p in parsed if p[0].call_id not in done]
         # Every call of the message runs to its end before a failure hands the message back.
         outcomes = await asyncio.gather(
@@ -125,6 +132,11 @@ class Service:
             raise PublishFailed(f"The result of call {result.call_id} could not be published.") from exc
 
     async def _answer(self, item: ToolCall | ToolResult, reply_to: str | None, received_at: float) -> dict[str, Any]:
+        if isinstance(item, ToolCall) and self.programs is not None and item.tool == PROGRAM_TOOL:
+            ran = await self.programs.serve(item)
+            if ran == PARKED_NOW:  # its tool calls run; their answers put it back on the queue
+                return {"callId": item.call_id, "tool": item.tool, "exitCode": None, "parked": True}
+            item = ran
         if isinstance(item, ToolCall) and self.gate is not None:
             held = await self._held(self.gate, item, received_at)
             if held == PARKED_NOW:  # no envelope until a human decides; the message is done with
@@ -135,6 +147,7 @@ class Service:
             await self._publish(result, reply_to)
         else:
             result = await self._traced(item, reply_to, received_at)
+        await self._woken({result.call_id})
         summary = {"callId": result.call_id, "tool": result.tool, "exitCode": result.exit_code}
         summary["statusCode"] = result.status_code
         if result.error is not None:  # what Flower shows of a failed call (written for the model: no secret)
@@ -153,6 +166,14 @@ class Service:
             with tracing.publishing(tool):
                 await self._publish(result, reply_to, call.callback.url if call.callback else None)
         return result
+
+    async def _woken(self, call_ids: set[str]) -> None:
+        """A program waiting for one of these calls may go on (programs.py)."""
+        if self.programs is None:
+            return
+        for call_id in call_ids:
+            if CHILD_MARK in call_id:
+                await self.programs.answered(call_id)
 
     def _queue_of(self, upstream: str | None) -> str:
         found = self.runtime.toolset.upstreams.get(upstream) if upstream is not None else None
@@ -177,6 +198,8 @@ class Service:
     async def close(self) -> None:
         if self.deliveries is not None:
             await self.deliveries.close()
+        if self.programs is not None:
+            await self.programs.sandbox.close()
         await self.runtime.close()
         await self.publisher.client.aclose()
         home = self.runtime.redis
@@ -243,9 +266,18 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
     wake = deliveries.wake if deliveries is not None else None
     publisher = Publisher(queue, settings.result_ttl_seconds, settings.reply_stream_maxlen, wake)
     gate = Gate(queue, runtime, settings.approval_ttl_seconds, settings.result_ttl_seconds)
-    service = Service(runtime, publisher, version, gate, deliveries)
+    service = Service(runtime, publisher, version, gate, deliveries, _programs(settings, queue, runtime, publisher))
     service.defined, service.listings = toolset, found
     return service
+
+
+def _programs(settings: Settings, client: aioredis.Redis, runtime: Runtime, publisher: Publisher) -> Programs:
+    """Code mode's programs of this process (the sandbox's processes start with the first program)."""
+    limits = Limits(
+        settings.code_max_calls, settings.code_max_memory_mb, settings.code_cpu_seconds, settings.code_max_output_bytes
+    )
+    sandbox = Sandbox(limits, settings.code_sandboxes)
+    return Programs(client, runtime, sandbox, publisher, settings.code_timeout_seconds, settings.result_ttl_seconds)
 
 
 def _listings(settings: Settings) -> dict[str, Listing]:

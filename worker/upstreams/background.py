@@ -26,7 +26,9 @@ def upstream_work(
     client: aioredis.Redis | None = runtime.redis
     if client is None:
         return []
-    refresher = Refresher(client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen)
+    refresher = Refresher(
+        client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization
+    )
 
     def wanted() -> bool:
         return listings.has_mcp(defined())

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from worker.call.mcp_authorization import McpAuthorization
 from worker.connections import connect
 from worker.definitions.mcp_tools import Listing
 from worker.definitions.model import ToolSet
@@ -53,7 +54,10 @@ class Operator:
         sessions = Sessions()
         transport = HttpTransport(EgressPolicy.parse(self.settings.egress_allow), self.settings.dns_server_list)
         try:
-            refresher = Refresher(client, sessions, dict(os.environ), transport, self.settings.audit_stream_maxlen)
+            policy = EgressPolicy.parse(self.settings.egress_allow)
+            discovery = McpAuthorization(client, policy, transport)
+            environ = dict(os.environ)
+            refresher = Refresher(client, sessions, environ, transport, self.settings.audit_stream_maxlen, discovery)
             listing: Listing = await work(refresher)
             return listing
         finally:

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from worker import errors
 from worker.call.auth import TokenCache, authorize
+from worker.call.mcp_authorization import McpAuthorization
 from worker.call.mcp_server import bare_request, spec_of
 from worker.constants import MCP_REFRESH_LOCK_PREFIX
 from worker.definitions import listings
@@ -41,6 +42,7 @@ class Refresher:
     environ: Mapping[str, str]
     transport: HttpTransport
     audit_maxlen: int
+    authorization: McpAuthorization | None = None
 
     async def refresh(self, upstream: Upstream) -> Listing:
         """Read the server's tools now and store the listing; a server that fails keeps its last tools."""
@@ -64,6 +66,8 @@ class Refresher:
     async def _listed(self, upstream: Upstream) -> tuple[str, list[dict[str, object]]]:
         deadline = time.time() + upstream.connect_timeout_s + upstream.timeout_s
         call = ToolCall(call_id=f"refresh:{upstream.name}", tool="tools/list")
+        if self.authorization is not None:
+            upstream = await self.authorization.upstream(upstream, self.environ, deadline)
         request, _ = await authorize(
             bare_request(upstream, self.environ),
             upstream,

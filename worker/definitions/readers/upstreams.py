@@ -104,6 +104,9 @@ _REQUIRED = {
     "oauth2_token_exchange": ("token_url", "audience", "client_id", "client_secret"),
 }
 
+# What an MCP server's authorization discovery finds, so its upstream's `auth:` may leave it out.
+_DISCOVERED = {"oauth2_client_credentials": ("token_url",)}
+
 
 class McpModel(StrictModel):
     """`mcp:` of an upstream that is an MCP server; `include`/`exclude` are globs on the server's tool names."""
@@ -156,14 +159,20 @@ def build_cache(model: CacheModel | None) -> CachePolicy | None:
     return CachePolicy(model.ttl_seconds, methods)
 
 
-def build_auth(name: str, model: AuthModel) -> Auth:
-    missing = [f for f in _REQUIRED[model.type] if getattr(model, f) is None]
+def build_auth(name: str, model: AuthModel, mcp: bool = False) -> Auth:
+    """An upstream's `auth:`; on an MCP server the OAuth endpoints may be left to discovery (SPEC §18)."""
+    required = _REQUIRED[model.type]
+    if mcp and model.type in _DISCOVERED:
+        required = tuple(f for f in required if f not in _DISCOVERED[model.type])
+    missing = [f for f in required if getattr(model, f) is None]
     # A bearer credential may come only from each call (an end user's token).
     if model.type == "bearer" and model.per_call_header:
         missing = []
     endpoints = model.authorization_url is not None and model.token_url is not None
-    if model.type == "oauth2_user" and model.issuer is None and not endpoints:
+    if model.type == "oauth2_user" and model.issuer is None and not endpoints and not mcp:
         missing.append("issuer (or authorization_url and token_url)")
+    if mcp and model.type == "oauth2_user" and (model.authorization_url is None) != (model.token_url is None):
+        missing.append("authorization_url and token_url together")
     if missing:
         raise ValueError(f"upstream {name!r}: auth {model.type} needs {', '.join(missing)}")
     if model.type in ("oauth2_user", "oauth2_token_exchange") and model.per_call_header:
@@ -242,7 +251,7 @@ def build_upstream(name: str, model: UpstreamModel, source: Source) -> Upstream:
         allow_offsite_redirects=model.allow_offsite_redirects,
         circuit=CircuitPolicy(model.circuit.threshold, model.circuit.cooldown_seconds),
         rate_limit=RateLimit(model.rate_limit.per_second, model.rate_limit.burst) if model.rate_limit else None,
-        auth=build_auth(name, model.auth) if model.auth else None,
+        auth=build_auth(name, model.auth, model.mcp is not None) if model.auth else None,
         approval=build_approval(model.approval),
         cache=build_cache(model.cache),
         source=source,

@@ -17,6 +17,7 @@ import structlog
 from worker import errors
 from worker.call.connect import ConnectLinks, Pending
 from worker.call.delegated import Client, Directory, extra_params, token_url
+from worker.call.mcp_authorization import McpAuthorization
 from worker.call.vault import Connection, Keyring, TokenSet, Vault, audit
 from worker.definitions.model import Auth, Upstream
 from worker.http.delegated import (
@@ -46,6 +47,7 @@ class Delegation:
         transport: HttpTransport,
         audit_maxlen: int,
         environ: Mapping[str, str] | None = None,
+        policy: EgressPolicy | None = None,
     ) -> None:
         self.vault = vault
         self.links = links
@@ -53,6 +55,8 @@ class Delegation:
         self.directory = Directory()
         self.environ = environ if environ is not None else os.environ
         self._audit_maxlen = audit_maxlen
+        # MCP upstreams' authorization servers: what a worker discovered (Redis), else discovered here.
+        self.discovery = McpAuthorization(vault.redis, policy or EgressPolicy.parse(""), transport)
 
     @property
     def enabled(self) -> bool:
@@ -64,6 +68,11 @@ class Delegation:
     async def connections(self, user: str) -> list[Connection]:
         return await self.vault.connections(user) if self.enabled else []
 
+    async def resolved(self, upstream: Upstream) -> Upstream:
+        """The upstream with the OAuth endpoints an MCP server's discovery gives it (unchanged otherwise)."""
+        deadline = time.time() + AUTHORIZATION_SERVER_TIMEOUT_S
+        return await self.discovery.upstream(upstream, self.environ, deadline)
+
     async def endpoints(self, upstream: Upstream) -> ServerEndpoints:
         assert upstream.auth is not None
         return await self.directory.endpoints(
@@ -72,6 +81,7 @@ class Delegation:
 
     async def start(self, user: str, upstream: Upstream, binding: str, link_expires_at: float) -> str:
         """Where the user's browser goes to grant access: a new state and PKCE verifier kept server side."""
+        upstream = await self.resolved(upstream)
         auth = upstream.auth
         assert auth is not None
         endpoints = await self.endpoints(upstream)
@@ -84,6 +94,7 @@ class Delegation:
     async def finish(self, pending: Pending, upstream: Upstream, code: str, issuer: str | None) -> TokenSet:
         """The code exchanged and the token set stored; AuthorizationRequired when the server refuses it or
         names another issuer (RFC 9207)."""
+        upstream = await self.resolved(upstream)
         auth = upstream.auth
         assert auth is not None
         endpoints = await self.endpoints(upstream)
@@ -121,8 +132,9 @@ class Delegation:
         return revoked
 
     async def _revoke_at_server(self, upstream: Upstream, tokens: TokenSet) -> bool:
-        assert upstream.auth is not None
         try:
+            upstream = await self.resolved(upstream)
+            assert upstream.auth is not None
             endpoints = await self.endpoints(upstream)
         except errors.ToolError:
             return False
@@ -184,5 +196,7 @@ def open_delegation(settings: Settings, redis: aioredis.Redis) -> Delegation:
     """The gateway's vault and the client it reaches authorization servers with."""
     keyring = Keyring.parse(settings.vault_keys.get_secret_value())
     links = ConnectLinks(redis, keyring, settings.public_url, settings.connect_ttl_seconds)
-    transport = HttpTransport(EgressPolicy.parse(""), settings.dns_server_list)
-    return Delegation(Vault(redis, keyring), links, transport, settings.audit_stream_maxlen)
+    # Token endpoints are reached as configured; what MCP discovery finds passes the fleet's egress policy.
+    policy = EgressPolicy.parse(settings.egress_allow)
+    transport = HttpTransport(policy, settings.dns_server_list)
+    return Delegation(Vault(redis, keyring), links, transport, settings.audit_stream_maxlen, policy=policy)

@@ -6,5 +6,6 @@ output.py      structured output in each protocol generation (`outputSchema`, `s
 tasks.py       MCP tasks, both generations; task_store.py their shared records in Redis
 asking.py      asking the human through the client (approval, a page to visit); consent.py connect first
 discovery.py   discovery mode's meta-tools, for catalogs too large to list
+code_mode.py   code mode's meta-tools (search, schemas with Python signatures) and `run_code`
 stdio.py       `toolworker mcp`: the same server on standard input and output
 """

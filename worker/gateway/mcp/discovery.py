@@ -15,7 +15,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from worker.definitions import catalog
+from worker.definitions import catalog, signatures
 from worker.gateway.catalog import Snapshot
 
 LIST_PAGE_SIZE = 50
@@ -102,12 +102,18 @@ def answer(name: str, arguments: Mapping[str, Any], snapshot: Snapshot) -> str:
     elif name == "search_tools":
         result = catalog.search(snapshot.toolset, arguments["question"], arguments.get("top_k", 5))
     else:
-        names = list(dict.fromkeys(arguments["names"]))
-        result = {
-            "tools": snapshot.mcp_tools(names),
-            "missing": [n for n in names if snapshot.tool(n) is None],
-        }
+        result = with_signatures(snapshot, list(dict.fromkeys(arguments["names"])))
     return json.dumps(result, ensure_ascii=False)
+
+
+def with_signatures(snapshot: Snapshot, names: list[str]) -> dict[str, Any]:
+    """`get_tool_schema`'s answer: each tool's MCP entry with `python`, the signature a program calls it by
+    (code mode), and the names that are no tool."""
+    tools = []
+    for entry in snapshot.mcp_tools(names):
+        tool = snapshot.tool(str(entry["name"]))
+        tools.append({**entry, "python": signatures.signature(tool)} if tool is not None else entry)
+    return {"tools": tools, "missing": [n for n in names if snapshot.tool(n) is None]}
 
 
 def _list(snapshot: Snapshot, tags: list[str], cursor: str | None) -> dict[str, Any]:

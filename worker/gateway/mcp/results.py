@@ -54,6 +54,8 @@ def model_notes(envelope: ToolResult, tool: Tool | None) -> list[str]:
         notes.append(f"The answer was cut to fit: {envelope.truncation}.")
     if envelope.note:
         notes.append(envelope.note)
+    if envelope.output:  # a program's (code mode)
+        notes.append(f"The program printed:\n{envelope.output}")
     if envelope.next_cursor is not None:
         param = tool.pagination.param if tool is not None and tool.pagination is not None else "cursor"
         notes.append(

@@ -52,6 +52,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
 from worker import tracing
+from worker.constants import PROGRAM_TOOL
 from worker.definitions.model import Tool
 from worker.envelope import ToolResult
 from worker.errors import TenantQueueFull, UnknownTool
@@ -60,7 +61,7 @@ from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, che
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity.principals import LOCAL, Principal, access_token_of, principal_of
-from worker.gateway.mcp import asking, discovery
+from worker.gateway.mcp import asking, code_mode, discovery
 from worker.gateway.mcp import output as mcp_output
 from worker.gateway.mcp.consent import consent_first
 from worker.gateway.mcp.results import CALL_META_KEY, text_result, tool_result
@@ -70,7 +71,7 @@ from worker.queue import approvals
 from worker.settings import Settings
 
 log = structlog.get_logger("toolworker.gateway.mcp")
-Mode = Literal["all", "discovery"]
+Mode = Literal["all", "discovery", "code"]
 Context = ServerRequestContext[Any, Any]
 
 CALL_ID_META_KEY = "toolworker/callId"
@@ -147,8 +148,8 @@ class McpFront:
     async def list_tools(self, ctx: Context, params: types.PaginatedRequestParams) -> dict[str, Any]:
         self._remember(ctx)
         last = _decode_cursor(params.cursor)
-        if self.mode == "discovery":
-            tools: list[Mapping[str, Any]] = list(discovery.META_TOOLS)
+        if self.mode != "all":  # meta-tools (and run_code when offered), not the catalog
+            tools: list[Mapping[str, Any]] = self._meta_listing(ctx)
             next_name = None
         else:
             snapshot = self.calls.visible(_principal(ctx))
@@ -164,6 +165,12 @@ class McpFront:
             result["nextCursor"] = _encode_cursor(next_name)
         return result
 
+    def _meta_listing(self, ctx: Context) -> list[Mapping[str, Any]]:
+        snapshot = self.calls.visible(_principal(ctx))
+        if self.mode == "code":
+            return code_mode.listed(snapshot)
+        return [*discovery.META_TOOLS, *snapshot.mcp_tools([PROGRAM_TOOL])]
+
     @staticmethod
     def _input_schema(name: str) -> Mapping[str, Any] | None:
         """For the SDK's `Mcp-Param-*` header check: the offered schemas never annotate a parameter as a
@@ -177,7 +184,18 @@ class McpFront:
         name, arguments = params.name, dict(params.arguments or {})
         if self.mode == "discovery" and name in discovery.META_TOOL_NAMES:
             return await self._meta_tool(ctx, params, name, arguments)
+        if self.mode == "code" and name != PROGRAM_TOOL:
+            return self._code_meta_tool(ctx, name, arguments)
         return await self._call(ctx, params, name, arguments)
+
+    def _code_meta_tool(self, ctx: Context, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Code mode offers its meta-tools and run_code only: tools are called from programs."""
+        if name not in code_mode.META_TOOL_NAMES:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {name}")
+        try:
+            return text_result(code_mode.answer(name, arguments, self.calls.visible(_principal(ctx))), False)
+        except discovery.InvalidMetaArguments as exc:
+            return text_result(str(exc), is_error=True)
 
     async def _meta_tool(
         self, ctx: Context, params: types.CallToolRequestParams, name: str, arguments: dict[str, Any]
@@ -233,7 +251,7 @@ class McpFront:
 
     def _entry(self, ctx: Context, tool: Tool) -> Mapping[str, Any] | None:
         """The tool's `tools/list` entry as this client was given it (its outputSchema, if any)."""
-        if self.mode == "discovery":  # called through the meta-tool, which declares no output schema
+        if self.mode != "all":  # called through a meta-tool, or run_code: no output schema
             return None
         entries = self.calls.visible(_principal(ctx)).mcp_tools([tool.name])
         return mcp_output.listed(entries[0], ctx.protocol_version) if entries else None

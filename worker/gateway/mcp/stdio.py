@@ -16,11 +16,13 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.stdio import stdio_server
 
 from worker.gateway.calls import open_calls
+from worker.gateway.mcp import code_mode
 from worker.gateway.mcp.server import McpFront, Options
 from worker.settings import Settings
 
 
 async def _serve(settings: Settings, options: Options) -> None:
+    settings = code_mode.settings_for(settings, options.mode)
     async with open_calls(settings, options.tags) as calls:
         front = McpFront.of(calls, settings, options.mode)
         server = front.server()

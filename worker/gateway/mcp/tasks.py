@@ -49,7 +49,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, Field, ValidationError
 from starlette.requests import Request
 
-from worker.constants import MAX_CALL_TIMEOUT_S
+from worker.constants import MAX_CALL_TIMEOUT_S, PROGRAM_TOOL
 from worker.definitions.model import Tool
 from worker.gateway.calls import Calls, CallSpec
 from worker.gateway.mcp.task_listen import Notification, TaskWatch, principal, send
@@ -81,6 +81,7 @@ LIST_PAGE_SIZE = 50
 CallHandler = Callable[["Context", types.CallToolRequestParams], Awaitable[dict[str, Any]]]
 
 WITHDRAWN_MESSAGE = "Cancelled before it started: the call was taken off its queue and never sent upstream."
+PROGRAM_CANCELLED = "Cancelled: the program stops; its tool calls that had not started were withdrawn."
 RUNNING_2026 = (
     "Cancellation was asked, but the call had already started on a worker and cannot be stopped: it runs to "
     "its end, and this task completes with its result."
@@ -279,6 +280,9 @@ class McpTasks:
         if await self.calls.withdraw(record.task_id, record.tool, record.tenant):
             log.info("gateway.task_cancelled", taskId=record.task_id, withdrawn=True)
             return TaskView(await self.store.update(record, status="cancelled", status_message=WITHDRAWN_MESSAGE), None)
+        if record.tool == PROGRAM_TOOL and await self.calls.cancel_program(record.task_id, record.tenant):
+            log.info("gateway.task_cancelled", taskId=record.task_id, program=True)
+            return TaskView(await self.store.update(record, status="cancelled", status_message=PROGRAM_CANCELLED), None)
         envelope = await self.calls.wait(record.task_id, 0.0)
         if envelope is not None:  # it ended meanwhile
             return TaskView(record, envelope)

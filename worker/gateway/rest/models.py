@@ -75,6 +75,17 @@ class CallRequest(BaseModel):
     callback: Callback | None = None
 
 
+class CodeRequest(BaseModel):
+    """A program (code mode, docs/guides/code-mode.md): its tool calls are `await tools.<name>(...)`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    code: str = Field(min_length=1, max_length=100_000, description="The program's text.")
+    timeoutSeconds: float | None = Field(None, gt=0, le=86_400, description="The program's whole budget.")
+    waitSeconds: WaitSeconds = None
+    callback: Callback | None = None
+
+
 class BatchRequest(BaseModel):
     """Many calls at once, answered in order."""
 
@@ -178,6 +189,10 @@ class Envelope(Described):
     )
     cached: bool = Field(False, description="Answered from the cache, without an upstream request.")
     age: int | None = Field(None, description="Seconds since a cached answer was stored.")
+    output: str | None = Field(None, description="A program's printed text (code mode).")
+    calls: list[dict[str, Any]] | None = Field(
+        None, description="A program's tool calls, one line each: callId, tool, exitCode, durationMs."
+    )
 
 
 class Pending(Described):
@@ -191,6 +206,7 @@ class Pending(Described):
 class Withdrawn(Described):
     callId: str
     withdrawn: bool
+    cancelled: bool = Field(False, description="A program cancelled while its tool calls ran (code mode): answered 75.")
 
 
 class BatchResults(Described):

@@ -6,6 +6,7 @@
     DELETE /v1/calls/{callId}     take a call that has not started off the queue (200), else 409/404
                                   (both only for the principal that made the call, or one with `operate`)
     POST   /v1/batches            many calls at once, answered in order
+    POST   /v1/code               a program (code mode): its value, printed output and tool calls
     GET    /v1/tools              the catalog (?tag=T, ?format=summary|openai|anthropic|mcp)
     GET    /v1/tools/search       ?question=Q&top_k=N (&format=...)
     GET    /v1/tools/{name}       one tool's full definition
@@ -34,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker.constants import PROGRAM_TOOL
 from worker.definitions import catalog
 from worker.envelope import ToolResult
 from worker.errors import CallbackRefused, UnknownTool
@@ -45,6 +47,7 @@ from worker.gateway.rest.models import (
     BatchRequest,
     BatchResults,
     CallRequest,
+    CodeRequest,
     Decided,
     Decision,
     Envelope,
@@ -84,6 +87,20 @@ class Rest:
     # --- calls ------------------------------------------------------------------------------------
 
     async def create_call(self, request: Request, body: Annotated[CallRequest, Body()]) -> Response:
+        return await self._create(request, body)
+
+    async def run_code(self, request: Request, body: Annotated[CodeRequest, Body()]) -> Response:
+        """Code mode: a program run as a call of `run_code` (its envelope's `output` and `calls` say more)."""
+        call = CallRequest(
+            tool=PROGRAM_TOOL,
+            arguments={"code": body.code},
+            timeoutSeconds=body.timeoutSeconds,
+            waitSeconds=body.waitSeconds,
+            callback=body.callback,
+        )
+        return await self._create(request, call)
+
+    async def _create(self, request: Request, body: CallRequest) -> Response:
         started = time.perf_counter()
         spec = self._spec(body, request)
         submitted = await self.calls.submit(spec)
@@ -111,6 +128,9 @@ class Rest:
         if tool is not None and await self.calls.withdraw(callId, tool, principal.tenant):
             metrics.WITHDRAWN.inc()
             return JSONResponse({"callId": callId, "withdrawn": True})
+        if tool == PROGRAM_TOOL and await self.calls.cancel_program(callId, principal.tenant):
+            # answered 75 by a worker; its calls not started are withdrawn
+            return JSONResponse({"callId": callId, "withdrawn": True, "cancelled": True})
         return error(409, "already_started", "The call was taken by a worker already; it runs to its end.")
 
     async def _envelope(self, call_id: str, principal: Principal, wait_s: float, known: bool) -> ToolResult | None:
@@ -276,6 +296,21 @@ OPERATIONS = [
         "createBatch",
         "Run many calls at once; the answers come in order",
         {200: Answer("One envelope (or pending entry) per call.", BatchResults), 503: UNAVAILABLE, **ERRORS},
+    ),
+    Operation(
+        "POST",
+        "/v1/code",
+        Rest.run_code,
+        "runCode",
+        "Run a program whose tool calls are sent to the fleet (code mode)",
+        {
+            200: Answer("The program's envelope: result, output, calls.", Envelope),
+            202: Answer("Not answered yet (waitSeconds ran out).", Pending),
+            403: Answer("The callback URL is not allowed (callback_refused).", Error),
+            404: Answer("Code mode is off, or the principal may not run code.", Error),
+            503: UNAVAILABLE,
+            **ERRORS,
+        },
     ),
     Operation(
         "GET",
