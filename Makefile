@@ -121,10 +121,10 @@ $(CHROMIUM):
 	apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 # The suite over TEST_PROCESSES processes (pytest-xdist): most integration tests wait on the processes they
-# start, so more processes than cores keep both cores busy. The tests that share a module's stack go to one
-# process, slow modules first (tests/support/distribution.py); `make test TEST_PROCESSES=0` runs in one.
+# start, so more processes than cores keep both cores busy. Each module goes to one process as a unit (its
+# stack made once, its order kept), slow modules first (tests/support/distribution.py); TEST_PROCESSES=0: one.
 TEST_PROCESSES ?= 4
-XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder)
+XDIST = $(if $(filter 0,$(TEST_PROCESSES)),-p no:xdist,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 test: install lint check-deploy docs $(OIDC_PROVIDER) $(MCP_EVERYTHING) $(CHROMIUM) task-clients
 	$(BIN)/pytest $(XDIST)

@@ -1,9 +1,10 @@
-"""How `make test` spreads the suite over pytest-xdist's processes (`--dist loadgroup`).
+"""How `make test` spreads the suite over pytest-xdist's processes (`--dist loadfile`).
 
-A module-scoped fixture (a stack of processes, a browser) is made once per process that runs one of its
-tests: the tests of a module that use one go to the same process, as one unit (an `xdist_group` named
-after the module, unless the test names a group of its own). The rest go one by one to whichever process
-is free. Slow modules are handed out first, so that the last minutes are not one long module alone.
+Each module goes to one process as a unit, in its own order: a module-scoped fixture (a stack of processes,
+a browser) is made once, and a test that reads what the module's earlier tests left runs after them.
+(`--dist loadgroup` would split a module finer, but pytest 9.2 keeps a node's id where xdist 3.8's group
+suffix no longer reaches, so its groups are not formed.) Slow modules are handed out first, so that the last
+minutes are not one long module alone.
 """
 
 from __future__ import annotations
@@ -13,23 +14,13 @@ import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests that share a module's fixtures; under xdist, slow modules first."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None and _uses_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    """Under xdist, slow modules first (a module's own order kept)."""
     if config.getoption("dist", "no") != "no":
-        rank = {}
+        rank: dict[str, int] = {}
         for item in items:
             module = item.nodeid.split("::")[0]
             rank[module] = min(rank.get(module, 2), _rank(item))
         items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a module's order is kept
-
-
-def _uses_module_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs)
 
 
 def _rank(item: pytest.Item) -> int:

@@ -80,7 +80,11 @@ class OidcServer:
         with (self.directory / "oidc.log").open("ab") as log:
             argv = ["node", str(SCRIPT), str(NODE_MODULES), str(config)]
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # a provider that never answered is not left running (nor its Popen to warn later)
+            raise
         return self
 
     def _wait_ready(self, timeout_s: float = 30.0) -> None:
