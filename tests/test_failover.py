@@ -107,7 +107,19 @@ def test_a_settlement_cut_by_a_crash_is_made_good_by_the_reconcile(redis_server:
 def lagging_pair(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) -> Iterator[tuple[SentinelCluster, Path]]:
     """A primary and one replica (no Sentinels), and a worker on the primary with MIN_REPLICAS=1 and a WAIT
     of 0.3 s; its log's path."""
-    cluster = SentinelCluster(redis_server_binary(), tmp_path / "pair").start_servers(replicas=1)
+    yield from servers_and_a_worker(tmp_path, upstream, dns_server, replicas=1)
+
+
+@pytest.fixture
+def two_replicas(tmp_path: Path, upstream: Upstream, dns_server: DnsServer) -> Iterator[tuple[SentinelCluster, Path]]:
+    """`lagging_pair` with two replicas."""
+    yield from servers_and_a_worker(tmp_path, upstream, dns_server, replicas=2)
+
+
+def servers_and_a_worker(
+    tmp_path: Path, upstream: Upstream, dns_server: DnsServer, replicas: int
+) -> Iterator[tuple[SentinelCluster, Path]]:
+    cluster = SentinelCluster(redis_server_binary(), tmp_path / "pair").start_servers(replicas=replicas)
     env = worker_env(f"redis://127.0.0.1:{cluster.servers[0].port}/0", upstream.url, dns_server.address, DEFINITIONS)
     env.update(TOOLWORKER_REDIS_MIN_REPLICAS="1", TOOLWORKER_REDIS_MIN_REPLICAS_TIMEOUT_SECONDS="0.3")
     log = tmp_path / "worker.log"
@@ -184,6 +196,27 @@ def test_a_take_a_failover_undid_is_dropped_and_the_call_runs_once(
             cluster.thaw(replica)
         wait_until(lambda: answered(r, stream) == [call_id], 30, "the call answered")
     assert upstream.state.hits_to(f"/echo/items/{item}") == 1
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_take_waits_for_every_replica_the_primary_has(two_replicas: tuple[SentinelCluster, Path]) -> None:
+    """With MIN_REPLICAS=1 and two replicas, a take's WAIT asks for both (ROLE, read with the take): Sentinel
+    (or an operator's replica-priority) may promote either, and one that never got the take would hand the
+    call to another worker while this one runs it."""
+    cluster, _ = two_replicas
+    primary = cluster.servers[0]
+    stream = f"held:{uuid.uuid4().hex}"
+    with primary.client(5.0) as r:
+        wait_until(lambda: r.exists(HOLDERS_KEY), 60, "the worker's lease")
+        seen: list[str] = []
+        with r.monitor() as monitor:
+            calls = [enqueue(r, f"every-{n}", stream) for n in range(3)]
+            while len(answered(r, stream)) < len(calls):
+                command = monitor.next_command()["command"]
+                if command.startswith("WAIT"):
+                    seen.append(command)
+    assert seen and seen[-1].split()[:2] == ["WAIT", "2"], seen
 
 
 # --- failover under load: two workers, a gateway and a client on the Sentinel URL, MIN_REPLICAS=1 ---------

@@ -44,13 +44,13 @@ hand the message back, as any dead holder's. A message received and not started 
 limit's wait: the consumer forgets those as it reconnects) goes back to its queue; one whose restore fails
 is no longer held, and the reconcile puts it back.
 
-**A take the replicas did not confirm** (with ``TOOLWORKER_REDIS_MIN_REPLICAS``, a ``WAIT`` follows every
-take in the same round trip) is held, not run: neither delivered nor put back, and counted as held by the
-reconcile. Before anything else is taken, the channel asks the primary (the promoted one, after a failover)
-whether the message is still in this holder's in-flight list, with a write and a ``WAIT`` after it
-(``_TAKE_STANDS``): there and on the replicas, the call runs; not there (the promoted replica never had the
-take: the message is back on its queue, or another worker has it), the copy is dropped; not yet on the
-replicas, the question is asked again.
+**A take the replicas did not confirm** (with ``TOOLWORKER_REDIS_MIN_REPLICAS``, a ``WAIT`` for every replica
+the primary has, N of them enough, follows every take in the same round trip) is held, not run: neither
+delivered nor put back, and counted as held by the reconcile. Before anything else is taken, the channel asks
+the primary (the promoted one, after a failover) whether the message is still in this holder's in-flight
+list, with a write and a ``WAIT`` after it (``_TAKE_STANDS``): there and on the replicas, the call runs; not
+there (the promoted replica never had the take: the message is back on its queue, or another worker has it),
+the copy is dropped; not yet on the replicas, the question is asked again.
 
 An idle channel waits on its queue's list (``BLMOVE``, which takes nothing): a take that leaves the queue
 empty says so, and the next poll waits at once; a wait that runs out is followed by another, with a take
@@ -211,7 +211,7 @@ class Channel(DecidingChannel):
     _woken = False  # the last wait ended because the queue's list was not empty
     _nap = False  # woken for nothing: pause before looking again
     _reconciled_on: Any = None  # the socket of the take connection when this channel last reconciled
-    _take_waits = 0  # a WAIT for this many replicas follows the take on the wire (MIN_REPLICAS)
+    _take_waits = 0  # a WAIT for this many replicas follows the take on the wire (MIN_REPLICAS), then ROLE
     _lone_wait = False  # the wait on the wire is on the only queue's own list
     _quiet_waits = 0  # waits in a row that ran out
     _in_poll: Any
@@ -283,10 +283,13 @@ class Channel(DecidingChannel):
         connection = self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
         commands = [command]
-        self._take_waits = 0 if self._wait_next else get_settings().redis_min_replicas
-        if self._take_waits:  # the take on that many replicas before its calls run: a failover now runs none twice
+        needed = 0 if self._wait_next else get_settings().redis_min_replicas
+        # The take on every replica the primary has (Sentinel may promote any of them), N of them before its
+        # calls run: a failover now runs none twice.
+        self._take_waits = max(needed, self._replicas_seen) if needed else 0
+        if self._take_waits:
             timeout_ms = int(get_settings().redis_min_replicas_timeout_seconds * 1000)
-            commands.append(["WAIT", self._take_waits, timeout_ms])
+            commands += [["WAIT", self._take_waits, timeout_ms], ["ROLE"]]
         connection.send_packed_command(connection.pack_commands(commands))
 
     def _reconcile(self, leases: Leases) -> None:
@@ -347,19 +350,27 @@ class Channel(DecidingChannel):
             reply = self.client.parse_response(connection, "EVAL", **options)
         except BaseException:
             if waits and connection._sock is not None:  # (a connection error has dropped the connection)
-                self.client.parse_response(connection, "WAIT")
+                self._read_wait(connection)
             raise
         try:
-            acked = self.client.parse_response(connection, "WAIT") if waits else 0
+            acked = self._read_wait(connection) if waits else 0
         except self.connection_errors:
             if reply:
                 self._hold_untrusted(reply)
             raise
-        if reply and acked < waits:
-            kombu_redis.logger.warning("A take reached %d of %d replicas in time: held (MIN_REPLICAS)", acked, waits)
+        needed = get_settings().redis_min_replicas if waits else 0
+        if reply and acked < needed:
+            kombu_redis.logger.warning("A take reached %d of %d replicas in time: held (MIN_REPLICAS)", acked, needed)
             self._hold_untrusted(reply)
             return reply, False
         return reply, True
+
+    def _read_wait(self, connection: Any) -> int:
+        """WAIT's reply, and ROLE's after it (how many replicas the next take waits for)."""
+        acked: int = self.client.parse_response(connection, "WAIT")
+        role = self.client.parse_response(connection, "ROLE")
+        self._replicas_seen = len(role[2]) if role and bytes_to_str(role[0]) == "master" else 0
+        return acked
 
     def _do_restore_message(
         self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False

@@ -35,6 +35,7 @@ class DecidingChannel(DeliveringChannel):
     """The delivering channel, asking whether a held take stands before it takes anything else."""
 
     _deciding: tuple[str, bytes] | None = None  # a held take whose fate is asked on the wire
+    _replicas_seen = 0  # how many replicas the primary had at the last take (ROLE): every WAIT asks for them all
     _in_poll: Any
     _brpop_sent_at: Any
 
@@ -46,7 +47,7 @@ class DecidingChannel(DeliveringChannel):
         timeout_ms = int(settings.redis_min_replicas_timeout_seconds * 1000)
         commands: list[list[Any]] = [
             ["EVAL", _TAKE_STANDS, 2, inflight, lease_key, raw, lease_ms],
-            ["WAIT", settings.redis_min_replicas, timeout_ms],
+            ["WAIT", max(settings.redis_min_replicas, self._replicas_seen), timeout_ms],
         ]
         connection = self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
