@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
@@ -25,8 +25,8 @@ from prometheus_client.registry import Collector
 
 from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, ROUTES_KEY
 from worker.queue import ages, scheduler
-from worker.queue.ages import AgeReader
-from worker.queue.leases import INFLIGHT_PREFIX
+from worker.queue.ages import AgeReader, scheduler_lists
+from worker.queue.leases import HOLDERS_KEY, inflight_key
 from worker.shards import Shard
 
 log = structlog.get_logger("toolworker.metrics")
@@ -76,16 +76,20 @@ class QueueDepth(Collector):
         tenant_depth, tenant_held = _tenant_families()
         try:
             rows = scheduler.snapshot(self._client, self._queues, scheduler.PRIORITY_SUFFIXES)
+            flying = scheduler.in_flight(self._client)
+            taken = self._held({tenant for tenant, count in flying.items() if count > 0})
             for queue in self._queues:
                 depth.add_metric([queue], sum(row.waiting for row in rows if row.queue == queue))
-                held.add_metric([queue], self._held(queue))
-            self._per_tenant(rows, tenant_depth, tenant_held)
+                held.add_metric([queue], taken[queue])
+            self._per_tenant(rows, flying, tenant_depth, tenant_held)
         except redis.RedisError as exc:  # a scrape without them beats a failed scrape
             log.warning("metrics.queue_depth_failed", error=str(exc))
             return
         yield from (depth, held, tenant_depth, tenant_held)
 
-    def _per_tenant(self, rows: list[scheduler.TenantRow], depth: GaugeMetricFamily, held: GaugeMetricFamily) -> None:
+    def _per_tenant(
+        self, rows: list[scheduler.TenantRow], flying: dict[str, int], depth: GaugeMetricFamily, held: GaugeMetricFamily
+    ) -> None:
         listed = scheduler.listed_tenants(self._client) | {DEFAULT_TENANT}
         waiting: Counter[tuple[str, str]] = Counter({(q, t): 0 for q in self._queues for t in listed})
         for row in rows:
@@ -93,25 +97,26 @@ class QueueDepth(Collector):
         for (queue, tenant), count in sorted(waiting.items()):
             depth.add_metric([queue, tenant], count)
         calls: Counter[str] = Counter(dict.fromkeys(listed, 0))
-        for tenant, count in scheduler.in_flight(self._client).items():
+        for tenant, count in flying.items():
             calls[tenant if tenant in listed else OTHER_TENANTS] += count
         for tenant, count in sorted(calls.items()):
             held.add_metric([tenant], count)
 
-    def _held(self, queue: str) -> int:
-        keys = [key for key in self._client.scan_iter(match=f"{INFLIGHT_PREFIX}*", count=1000) if _of(key, queue)]
-        if not keys:
-            return 0
+    def _held(self, running: set[str]) -> dict[str, int]:
+        """Messages taken and not yet acknowledged, per queue: the in-flight lists of every live worker
+        (the holders' set) for the tenants with calls running, named rather than found by a scan of the
+        keyspace, and counted in one round trip."""
+        holders = sorted(h.decode() if isinstance(h, bytes) else h for h in self._client.smembers(HOLDERS_KEY))
+        keys = {
+            queue: [inflight_key(h, key) for t in sorted(running) for key in scheduler_lists(queue, t) for h in holders]
+            for queue in self._queues
+        }
         with self._client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.llen(key)
-            return sum(pipe.execute())
-
-
-def _of(key: bytes, queues: Iterable[str] | str) -> bool:
-    """Whether an in-flight list (`...:<holder host>:<pid>:<id>:<queue key>`) holds messages of the queue."""
-    source = key.decode().split(":", 5)[-1]
-    return source.split("\x06\x16", 1)[0] in ((queues,) if isinstance(queues, str) else tuple(queues))
+            for group in keys.values():
+                for key in group:
+                    pipe.llen(key)
+            lengths = iter(pipe.execute())
+        return {queue: sum(next(lengths) for _ in group) for queue, group in keys.items()}
 
 
 def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
