@@ -11,15 +11,20 @@ Against one upstream (0 ms, 1 KB), one worker and one `toolworker gateway` proce
 - light load: each of them one call at a time; the gateway's added p50 is its p50 minus the direct one.
 
 The gateway's CPU per call is metered too: on a small machine it is what bounds its calls/s.
+
+    python -m benchmarks.gateway --profile DIR [--rest]   # py-spy on the gateway while MCP (or REST) calls run
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import processes
+from benchmarks.harness import processes, profiling
 from benchmarks.harness.constants import CONCURRENCY, RAW_CONCURRENCY, UPSTREAM_BODY_BYTES, UPSTREAM_LATENCY_MS
 from benchmarks.harness.figures import Target
 from benchmarks.harness.load import Measure, direct, gateway_row, mcp, mcp_sdk, rest
@@ -106,3 +111,32 @@ def targets(results: dict[str, Any]) -> list[Target]:
         name = f"{case.split(',')[0]} adds <= {MAX_ADDED_P50_MS:g} ms p50 at light load"
         found.append(Target(name, f"{light['added_p50_ms']:+.2f} ms", light["added_p50_ms"] <= MAX_ADDED_P50_MS))
     return found
+
+
+# The profile
+
+
+def profile(directory: Path, rest_calls: bool = False) -> None:
+    """py-spy on the gateway while bursts of MCP (or REST) calls run, 64 in flight; the top entries printed."""
+    load = rest if rest_calls else mcp
+    with (
+        processes.embedded_redis() as server,
+        tempfile.TemporaryDirectory() as tmp,
+        processes.upstream(UPSTREAM_LATENCY_MS, UPSTREAM_BODY_BYTES) as upstream,
+        processes.toolworker(server.url, upstream.url, 64, RAW_CONCURRENCY),
+        processes.gateway(server.url, processes.definitions(Path(tmp) / "definitions", RAW_CONCURRENCY)) as (url, pid),
+    ):
+
+        def keep_busy(done: threading.Event) -> None:
+            while not done.is_set():
+                asyncio.run(load(url, 1000, CONCURRENCY))
+
+        print(profiling.profile(pid, "gateway", directory, keep_busy))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", type=Path, metavar="DIR", required=True, help="where the stacks go")
+    parser.add_argument("--rest", action="store_true", help="REST calls instead of MCP ones")
+    arguments = parser.parse_args()
+    profile(arguments.profile, arguments.rest)

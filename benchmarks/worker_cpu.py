@@ -15,7 +15,7 @@ per call. The cases take turns, round after round; each figure is the median of 
     python -m benchmarks.worker_cpu --reference-tree DIR   # and a checkout's worker, in the same rounds
     python -m benchmarks.worker_cpu --profile DIR   # `make profile`: py-spy on the worker during bursts
 
-The profile: py-spy samples the worker (every thread, PROFILE_RATE_HZ, PROFILE_SECONDS) while bursts of
+The profile: py-spy samples the worker (every thread, benchmarks/harness/profiling.py) while bursts of
 single calls run at a 0 ms upstream; the collapsed stacks go to DIR/worker.collapsed, a flame graph to
 DIR/worker.svg, and the functions with the largest inclusive and own shares are printed.
 """
@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Awaitable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -38,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.harness import processes
+from benchmarks.harness import processes, profiling
 from benchmarks.harness.constants import CALL_TIMEOUT_S, KB, RAW_CONCURRENCY, ROOT, START_TIMEOUT_S, TOOL
 from benchmarks.harness.figures import Target
 from benchmarks.harness.meter import Meter
@@ -67,10 +64,6 @@ MAX_CPU_OF_RAW = 1.5  # worker CPU per call against a raw request's, 0 ms
 MIN_SINGLE_SHARE_0MS = 0.60
 MIN_SINGLE_SHARE_100MS = 0.90
 MIN_BATCHED_SHARE = 0.60
-
-PROFILE_RATE_HZ = 200
-PROFILE_SECONDS = 8
-PROFILE_TOP = 25
 
 
 # Measuring
@@ -245,65 +238,17 @@ def _print_cells(cells: dict[str, dict[str, dict[str, float]]]) -> None:
 
 def profile(directory: Path) -> None:
     """py-spy on the worker while bursts of single calls run; the stacks saved, the top entries printed."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    directory.mkdir(parents=True, exist_ok=True)
-    collapsed, svg = directory / "worker.collapsed", directory / "worker.svg"
     with (
         processes.embedded_redis() as server,
         processes.upstream(0.0, KB) as upstream,
         _worker(server.url, upstream.url) as pid,
     ):
-        _record(spy, pid, server.url, ["--format", "raw", "-o", str(collapsed)])
-        _record(spy, pid, server.url, ["--format", "flamegraph", "-o", str(svg)])
-    print(summary(collapsed.read_text()))
-    print(f"\nstacks: {collapsed}\nflame graph: {svg}")
-
-
-def _record(spy: str, pid: int, redis_url: str, output: list[str]) -> None:
-    """Sample the worker for PROFILE_SECONDS while bursts keep it busy."""
-    argv = [spy, "record", "--pid", str(pid), "--rate", str(PROFILE_RATE_HZ), "--duration", str(PROFILE_SECONDS)]
-    done = threading.Event()
-    load = threading.Thread(target=_keep_busy, args=(redis_url, done), daemon=True)
-    load.start()
-    try:
-        subprocess.run([*argv, *output, "--nonblocking"], check=True, capture_output=True)
-    finally:
-        done.set()
-        load.join(CALL_TIMEOUT_S)
+        print(profiling.profile(pid, "worker", directory, lambda done: _keep_busy(server.url, done)))
 
 
 def _keep_busy(redis_url: str, done: threading.Event) -> None:
     while not done.is_set():
         asyncio.run(_toolworker(redis_url, None, 1000, 1))
-
-
-def summary(collapsed: str, top: int = PROFILE_TOP) -> str:
-    """The functions with the largest shares of the samples: inclusive (on the stack) and own (on top)."""
-    inclusive: Counter[str] = Counter()
-    own: Counter[str] = Counter()
-    total = 0
-    for line in collapsed.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(count_text)
-        frames = [_function(frame) for frame in stack.split(";")]
-        total += count
-        own[frames[-1]] += count
-        for frame in set(frames):
-            inclusive[frame] += count
-    lines = [f"{total} samples of the worker (every thread), {PROFILE_RATE_HZ} Hz"]
-    for title, counted in (("inclusive", inclusive), ("own", own)):
-        lines.append(f"\ntop {top}, {title}:")
-        lines += [f"  {count / total:6.1%}  {name}" for name, count in counted.most_common(top)]
-    return "\n".join(lines)
-
-
-def _function(frame: str) -> str:
-    """`name (path/to/module.py:line)` without the line: one entry per function."""
-    name, _, where = frame.partition(" (")
-    path = where.rsplit(":", 1)[0].removeprefix(f"{ROOT}/").rpartition("site-packages/")[2]
-    return f"{name} ({path})" if path else name
 
 
 def main(argv: list[str] | None = None) -> None:
