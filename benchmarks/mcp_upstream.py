@@ -1,7 +1,8 @@
 """An MCP upstream's tool through the fleet, against a direct `mcp` SDK client session to the same server.
 
 One MCP server (the SDK's own `MCPServer`, a 0 ms `echo` tool; `python -m benchmarks.mcp_upstream PORT`
-runs it) that counts the handshakes it answers (`initialize`, `server/discover`), one worker process
+runs it; `python -m benchmarks.mcp_upstream --profile DIR` samples the worker with py-spy while the tool
+is called through it) that counts the handshakes it answers (`initialize`, `server/discover`), one worker process
 serving that server's tools and an HTTP tool on the 0 ms benchmark upstream. Each round, at the same
 concurrency:
 
@@ -23,13 +24,14 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import processes
+from benchmarks.harness import processes, profiling
 from benchmarks.harness.constants import CALL_TIMEOUT_S, RAW_CONCURRENCY, START_TIMEOUT_S, TOOL
 from benchmarks.harness.figures import Target
 from benchmarks.harness.meter import Meter
@@ -259,5 +261,24 @@ def print_section(results: dict[str, Any]) -> None:
         print(f"  [{'met' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")
 
 
-if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+def profile(directory: Path) -> None:
+    """py-spy on the worker while MCP calls run, CONCURRENCY at a time; the top entries printed."""
+    with (
+        processes.embedded_redis() as server,
+        processes.upstream(0.0, 1024) as upstream,
+        mcp_server() as mcp_url,
+        worker(server.url, upstream.url, mcp_url) as pid,
+    ):
+
+        def keep_busy(done: threading.Event) -> None:
+            while not done.is_set():
+                asyncio.run(_fleet(server.url, MCP_TOOL, {"text": "x"}, 500, CONCURRENCY))
+
+        print(profiling.profile(pid, "worker-mcp", directory, keep_busy))
+
+
+if __name__ == "__main__":  # PORT: the server; --profile DIR: the worker's profile
+    if sys.argv[1] == "--profile":
+        profile(Path(sys.argv[2]))
+    else:
+        serve(int(sys.argv[1]))
