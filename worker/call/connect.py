@@ -1,7 +1,7 @@
 """Connect links and the authorizations they start: how a user grants an upstream access (consent).
 
     toolworker:vault:ticket:<sha256 of the ticket>   {user, upstream, scopes}, sealed; single use, expiring
-    toolworker:vault:state:<sha256 of the state>     {user, upstream, PKCE verifier, browser binding}, sealed
+    toolworker:vault:state:<sha256 of the state>     {user, upstream, PKCE verifier, browser binding, scopes}, sealed
 
 A link `{gateway}/v1/connections/{upstream}/authorize?ticket=...` is made for one user and one upstream (by
 a worker answering 67, or the gateway asking over MCP). Opening it spends the ticket and starts an
@@ -41,6 +41,7 @@ class Pending:
     verifier: str = field(repr=False)
     binding_digest: str = field(repr=False)
     expires_at: float
+    scopes: tuple[str, ...] = ()  # what the authorization asked for
 
     def bound_to(self, binding: str | None) -> bool:
         return binding is not None and hmac.compare_digest(_digest(binding), self.binding_digest)
@@ -76,12 +77,14 @@ class ConnectLinks:
             return None
         return str(record["user"]), float(record["expiresAt"]), tuple(record.get("scopes") or ())
 
-    async def begin(self, user: str, upstream: str, verifier: str, binding: str, expires_at: float) -> str:
-        """A new `state` for an authorization (kept until the link would have expired)."""
+    async def begin(
+        self, user: str, upstream: str, verifier: str, binding: str, expires_at: float, scopes: tuple[str, ...] = ()
+    ) -> str:
+        """A new `state` for an authorization asking for `scopes` (kept until the link would have expired)."""
         state = secrets.token_urlsafe(32)
         record = {
             "user": user, "upstream": upstream, "verifier": verifier,
-            "binding": _digest(binding), "expiresAt": expires_at,
+            "binding": _digest(binding), "expiresAt": expires_at, "scopes": list(scopes),
         }  # fmt: skip
         await self._put(STATE_KEY_PREFIX + _digest(state), record, max(1, int(expires_at - time.time()) + 1))
         return state
@@ -91,7 +94,10 @@ class ConnectLinks:
         record = await self._take(STATE_KEY_PREFIX + _digest(state))
         if record is None or record.get("expiresAt", 0) <= time.time():
             return None
-        return Pending(record["user"], record["upstream"], record["verifier"], record["binding"], record["expiresAt"])
+        scopes = tuple(record.get("scopes") or ())
+        return Pending(
+            record["user"], record["upstream"], record["verifier"], record["binding"], record["expiresAt"], scopes
+        )
 
     async def _put(self, key: str, record: dict[str, object], ttl_s: int) -> None:
         await self._redis.set(key, self._keyring.seal(json.dumps(record).encode(), key), ex=ttl_s)

@@ -190,7 +190,7 @@ class UserTokens:
             raise await self.required(user, upstream.name, "The authorization server no longer honours it. ") from None
         scopes = issued.scopes or current.scopes
         refresh = issued.refresh_token or current.refresh_token
-        tokens = TokenSet(issued.access_token, refresh, expiry(issued, sent_at), scopes, sent_at)
+        tokens = TokenSet(issued.access_token, refresh, expiry(issued, sent_at), scopes, sent_at, current.asked)
         await self.vault.put(user, upstream.name, tokens)
         return tokens
 

@@ -11,7 +11,8 @@ may differ). An `oauth2_user` upstream without a `client_id` gets the fleet's cl
 
 A 403 `insufficient_scope` from the server is a step-up (`step_up`): the call ends 67 with a new connect link
 asking for the union of the scopes the user's token holds and the ones the server asks for; when the token
-already holds them all, a new consent could only loop, and the call ends with an error saying so instead.
+already holds them all, or the user's last consent asked for them and was granted less, a new consent could only
+loop, and the call ends with an error saying so instead (67, without a link).
 """
 
 from __future__ import annotations
@@ -206,12 +207,13 @@ async def step_up(users: UserTokens, user: str | None, upstream: Upstream, refus
         )
     tokens = await users.vault.get(user, upstream.name)
     held = tokens.scopes if tokens is not None else ()
-    if not asked or set(asked) <= set(held):
+    before = tokens.asked if tokens is not None else auth.scopes  # e.g. offline_access, which no token names
+    if not asked or set(asked) <= {*held, *before}:
         return errors.AuthorizationRequired(
-            f"The MCP server {upstream.name!r} refused the call for want of scope although the user's grant holds "
-            f"every scope it asks for ({' '.join(asked or held) or 'none named'}): a new consent would not change "
-            "that. Tell the operator."
+            f"The MCP server {upstream.name!r} refused the call for want of scope ({' '.join(asked) or 'unnamed'}) "
+            "that the user's grant holds, or that the user's last consent asked for and the authorization server "
+            "did not grant: a new consent would not change that. Tell the operator."
         )
-    wanted = tuple((union_scopes(" ".join(held or auth.scopes), " ".join(asked)) or "").split())
+    wanted = tuple((union_scopes(union_scopes(" ".join(before), " ".join(held)), " ".join(asked)) or "").split())
     why = f"The MCP server asks for more access than the user granted ({' '.join(asked)}). "
     return await users.required(user, upstream.name, why, wanted)

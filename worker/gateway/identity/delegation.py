@@ -92,10 +92,10 @@ class Delegation:
         assert auth is not None
         endpoints = await self.endpoints(upstream)
         pkce = Pkce.new()
-        state = await self.links.begin(user, upstream.name, pkce.verifier, binding, link_expires_at)
+        asked = scopes or auth.scopes
+        state = await self.links.begin(user, upstream.name, pkce.verifier, binding, link_expires_at, asked)
         extra = extra_params(auth, self.environ)
         client = Client.of(auth, self.environ)
-        asked = scopes or auth.scopes
         return authorization_url(endpoints, client.client_id, self.links.redirect_uri, asked, state, pkce, extra)
 
     async def finish(self, pending: Pending, upstream: Upstream, code: str, issuer: str | None) -> TokenSet:
@@ -122,9 +122,9 @@ class Delegation:
         except ClientRejected:  # a registration the server no longer knows: the next link registers anew
             await self.discovery.forget_client(upstream.name)
             raise
-        tokens = TokenSet(
-            issued.access_token, issued.refresh_token, expiry(issued, sent_at), issued.scopes or auth.scopes, sent_at
-        )
+        scopes = issued.scopes or pending.scopes or auth.scopes
+        asked = pending.scopes or auth.scopes
+        tokens = TokenSet(issued.access_token, issued.refresh_token, expiry(issued, sent_at), scopes, sent_at, asked)
         await self.vault.put(pending.user, upstream.name, tokens)
         await audit(self.vault.redis, "connect", pending.user, upstream.name, self._audit_maxlen)
         return tokens
