@@ -185,6 +185,8 @@ async def test_a_fleet_credential_or_another_refusal_gets_no_link() -> None:
     fleet = Upstream("files", url, auth=Auth("oauth2_client_credentials"), mcp=McpServer(url))
     failure = await step_up(users, None, fleet, refused("files.write"))
     assert failure.exit_code == 67 and "does not carry" in failure.message and "ticket=" not in failure.message
+    unnamed = await step_up(users, "ann", user_upstream(), refused(None))
+    assert unnamed.exit_code == 67 and "does not name" in unnamed.message and "ticket=" not in unnamed.message
     unauthorized = refused(None, 401, "invalid_token")
     assert await step_up(users, "ann", user_upstream(), unauthorized) is unauthorized
 

@@ -205,12 +205,17 @@ async def step_up(users: UserTokens, user: str | None, upstream: Upstream, refus
             f"The MCP server {upstream.name!r} refused the call for want of scope ({' '.join(asked) or 'unnamed'}), "
             "which the upstream's credential does not carry. Tell the operator."
         )
+    if not asked:
+        return errors.AuthorizationRequired(
+            f"The MCP server {upstream.name!r} refused the call for want of a scope it does not name, so no consent "
+            "can ask for it. Tell the operator."
+        )
     tokens = await users.vault.get(user, upstream.name)
     held = tokens.scopes if tokens is not None else ()
     before = tokens.asked if tokens is not None else auth.scopes  # e.g. offline_access, which no token names
-    if not asked or set(asked) <= {*held, *before}:
+    if set(asked) <= {*held, *before}:
         return errors.AuthorizationRequired(
-            f"The MCP server {upstream.name!r} refused the call for want of scope ({' '.join(asked) or 'unnamed'}) "
+            f"The MCP server {upstream.name!r} refused the call for want of scope ({' '.join(asked)}) "
             "that the user's grant holds, or that the user's last consent asked for and the authorization server "
             "did not grant: a new consent would not change that. Tell the operator."
         )
