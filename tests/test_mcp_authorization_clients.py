@@ -180,10 +180,13 @@ def registrations(stack: Stack, upstream: str) -> list[dict[str, object]]:
         return [json.loads(client.get(key) or b"{}") for key in client.keys(f"{CLIENT_KEY_PREFIX}{upstream}:*")]
 
 
-def test_a_registered_client_connects_a_user_and_its_secret_is_sealed(stack: Stack) -> None:
+def test_a_registered_client_connects_a_user_and_its_secret_is_sealed(
+    stack: Stack, capfd: pytest.CaptureFixture[str]
+) -> None:
     """No client_id: the fleet registers at the server's registration endpoint, keeps the registration in Redis
-    (the secret sealed: its plaintext is nowhere in Redis nor in the gateway's log), and the gateway's flow uses
-    that same client; the call then succeeds with the user's token, issued to that client for the server."""
+    (the secret sealed: its plaintext is nowhere in Redis nor in the gateway's or the worker's log), and the
+    gateway's flow uses that same client; the call then succeeds with the user's token, issued to that client
+    for the server."""
     authorize = connected(stack, "files", "ann")
     (record,) = registrations(stack, "files")
     assert authorize["client_id"] == [record["client_id"]]
@@ -201,6 +204,7 @@ def test_a_registered_client_connects_a_user_and_its_secret_is_sealed(stack: Sta
     with Redis.from_url(stack.redis.url) as client:
         assert [key for key, value in redis_scan.values(client) if secret.encode() in value] == []
     assert secret not in stack.gateway.log_text()
+    assert secret not in "".join(capfd.readouterr())  # the worker's side, in this process
     connected(stack, "files", "bob")  # a later flow reuses the registration: the server registered one client
     assert call(stack, "files", "whoami", "bob").structured == {
         "subject": "bob",
