@@ -20,6 +20,7 @@ from worker.call.mcp_authorization import step_up, with_client
 from worker.call.mcp_clients import Registrations, document_url, forget_registrations, metadata_document
 from worker.call.vault import Keyring, TokenSet
 from worker.definitions.model import Auth, McpServer, Upstream
+from worker.definitions.readers.upstreams import AuthModel, build_auth
 from worker.definitions.templates import Template
 from worker.gateway.identity.security import is_open_path
 from worker.http import delegated as http_delegated
@@ -218,3 +219,11 @@ async def test_invalid_client_at_the_token_endpoint_forgets_the_registration(mon
     with pytest.raises(errors.AuthorizationRequired, match="ticket="):
         await users.token("ann", upstream, {}, HttpTransport(EgressPolicy.parse("")), time.time() + 10, None)
     assert await users.vault.redis.get(key) is None and await users.vault.get("ann", "files") is None
+
+
+def test_an_mcp_user_upstream_leaves_its_client_out_only_when_discovery_finds_its_server() -> None:
+    assert build_auth("files", AuthModel(type="oauth2_user"), mcp=True).client_id is None
+    with pytest.raises(ValueError, match="needs client_id"):
+        build_auth("files", AuthModel(type="oauth2_user", issuer="https://auth.example.com"), mcp=True)
+    with pytest.raises(ValueError, match="needs client_id"):
+        build_auth("api", AuthModel(type="oauth2_user", issuer="https://auth.example.com"))
