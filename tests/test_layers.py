@@ -70,6 +70,9 @@ ACROSS_SEAMS |= {(gateway, vault) for gateway in GATEWAY_MODULES for vault in VA
 # An MCP upstream's authorization discovery: the connect link's flow at the gateway uses the endpoints a worker
 # discovered (or discovers them itself, held to the same egress policy).
 ACROSS_SEAMS |= {("worker.gateway.identity.delegation", "worker.call.mcp_authorization")}
+# The fleet's client at an MCP upstream's authorization server: the gateway serves the metadata document whose
+# URL the workers and the gateway name the client by.
+ACROSS_SEAMS |= {("worker.gateway.rest.connections", "worker.call.mcp_clients")}
 # The cache: the gateway answers a hit without the queue, so it finds an answer under the key the workers
 # store it under, computed by the one function of the call's cache.
 ACROSS_SEAMS |= {("worker.gateway.calls", "worker.call.cache")}

@@ -82,8 +82,8 @@ async def test_a_connect_link_is_single_use_for_its_upstream_and_expires(monkeyp
     assert await links.redeem(ticket, "other") is None  # spent too
     link = await links.link("alice", "people")
     ticket = link.rsplit("=", 1)[1]
-    user, expires_at = await links.redeem(ticket, "people") or ("", 0.0)
-    assert user == "alice" and expires_at > time.time()
+    user, expires_at, scopes = await links.redeem(ticket, "people") or ("", 0.0, ())
+    assert user == "alice" and expires_at > time.time() and scopes == ()
     assert await links.redeem(ticket, "people") is None
     state = await links.begin("alice", "people", "verifier", "binding", time.time() + 600)
     pending = await links.finish(state)

@@ -11,6 +11,12 @@
 // (authorization code + PKCE, refresh tokens rotated on every use, revocation), and "exchangeClients":
 // [{client_id, client_secret}] (RFC 8693 token exchange of this provider's own access tokens). A user logs
 // in and consents in one step: POST /interaction/<uid> with `login=<account>` (the scripted browser).
+//
+// For MCP clients' identities: "registration": true (RFC 7591 dynamic registration at /reg), and
+// "metadataDocuments": true (Client ID Metadata Documents, which oidc-provider 8 lacks: a client_id that is an
+// http(s) URL names the JSON document fetched there, taken when its own client_id is that URL; the discovery
+// document says `client_id_metadata_document_supported`). Each document fetched is logged as "document <url>
+// <status>", each registration as "registered <client_id>".
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -21,7 +27,19 @@ const { default: Provider, errors } = await import(pathToFileURL(join(process.ar
 const nestedJose = join(process.argv[2], 'oidc-provider', 'node_modules', 'jose');
 const josePath = existsSync(nestedJose) ? nestedJose : join(process.argv[2], 'jose');
 const jose = await import(pathToFileURL(join(josePath, 'dist', 'node', 'esm', 'index.js')));
+const { default: MemoryAdapter } = await import(pathToFileURL(join(process.argv[2], 'oidc-provider', 'lib', 'adapters', 'memory_adapter.js')));
 const config = JSON.parse(readFileSync(process.argv[3], 'utf8'));
+
+class MetadataDocuments extends MemoryAdapter {
+  async find(id) {
+    if (this.model !== 'Client' || !/^https?:\/\//.test(id)) return super.find(id);
+    const answer = await fetch(id, { redirect: 'error', headers: { accept: 'application/json' } });
+    console.log(`document ${id} ${answer.status}`);
+    if (!answer.ok) return undefined;
+    const document = await answer.json();
+    return document.client_id === id ? document : undefined;
+  }
+}
 const upstream = config.upstream || null;
 const TOKEN_EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
 const ACCESS_TOKEN_TYPE = 'urn:ietf:params:oauth:token-type:access_token';
@@ -61,6 +79,8 @@ const provider = new Provider(issuer, {
     })),
   ],
   pkce: { methods: ['S256'], required: () => true },
+  ...(config.metadataDocuments ? { adapter: MetadataDocuments } : {}),
+  discovery: config.metadataDocuments ? { client_id_metadata_document_supported: true } : {},
   issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
   rotateRefreshToken: true,
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
@@ -68,6 +88,7 @@ const provider = new Provider(issuer, {
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },
+    registration: { enabled: !!config.registration },
     revocation: { enabled: true },
     resourceIndicators: {
       enabled: true,
@@ -107,7 +128,10 @@ provider.use(async (ctx, next) => {
   const requested = String(params.scope || '').split(' ').filter(Boolean);
   const grant = new provider.Grant({ accountId, clientId: params.client_id });
   grant.addOIDCScope(requested.filter((s) => OIDC_SCOPES.has(s)).join(' '));
-  if (params.resource) grant.addResourceScope(params.resource, requested.filter((s) => !OIDC_SCOPES.has(s)).join(' '));
+  // The upstream's scopes, as its resource server offers them: a scope it does not offer is not granted.
+  const offered = upstream && params.resource === upstream.resource ? new Set(upstream.scope.split(' ')) : null;
+  const granted = requested.filter((s) => !OIDC_SCOPES.has(s) && (!offered || offered.has(s)));
+  if (params.resource) grant.addResourceScope(params.resource, granted.join(' '));
   const grantId = await grant.save();
   await provider.interactionFinished(ctx.req, ctx.res, { login: { accountId }, consent: { grantId } }, { mergeWithLastSubmission: false });
   ctx.respond = false;
@@ -138,6 +162,7 @@ if ((config.exchangeClients || []).length) {
     await next();
   }, new Set(['subject_token', 'subject_token_type', 'audience', 'scope', 'requested_token_type', 'resource']));
 }
+provider.on('registration_create.success', (ctx, client) => console.log(`registered ${client.clientId}`));
 provider.on('server_error', (ctx, error) => console.error('server_error', error));
 provider.on('grant.error', (ctx, error) => console.error('grant.error', error));
 provider.listen(config.port, '127.0.0.1', () => {

@@ -19,11 +19,12 @@ import redis.asyncio as aioredis
 from worker import errors
 from worker.call.circuit import Clock
 from worker.call.connect import ConnectLinks
+from worker.call.mcp_clients import forget_registrations
 from worker.call.rendering import render_secret
 from worker.call.renewal import single_flight
 from worker.call.vault import Keyring, TokenSet, Vault, audit, record_key
 from worker.definitions.model import Auth, Upstream
-from worker.http.delegated import ServerEndpoints, discover, expiry, grant
+from worker.http.delegated import ClientRejected, ServerEndpoints, discover, expiry, grant
 from worker.http.oauth import TokenRequest
 from worker.http.transport import HttpTransport
 
@@ -38,7 +39,12 @@ class Client:
 
     @classmethod
     def of(cls, auth: Auth, environ: Mapping[str, str]) -> Client:
-        assert auth.client_id is not None
+        if auth.client_id is None:
+            raise errors.ToolMisconfigured(
+                "The upstream names no client_id, and its authorization server offers neither a Client ID Metadata "
+                "Document nor dynamic registration (or the gateway's public URL or the vault keys are not set). "
+                "Tell the operator."
+            )
         secret = render_secret(auth.client_secret, environ) if auth.client_secret is not None else None
         return cls(render_secret(auth.client_id, environ), secret, auth.auth_method)
 
@@ -171,27 +177,33 @@ class UserTokens:
         if timeout_s <= 0:
             raise errors.TimedOut("The call ran out of time before the user's token was refreshed.")
         endpoints = await self.directory.endpoints(auth, environ, transport, timeout_s, upstream.verify_tls)
-        form = {"grant_type": "refresh_token", "refresh_token": current.refresh_token}
+        form = {"grant_type": "refresh_token", "refresh_token": current.refresh_token, **extra_params(auth, environ)}
         request = Client.of(auth, environ).request(endpoints.token_url, form, timeout_s, upstream.verify_tls)
         sent_at = self._clock()
         try:
             issued = await grant(transport, request)
-        except errors.AuthorizationRequired:
+        except errors.AuthorizationRequired as exc:
+            if isinstance(exc, ClientRejected):  # a registration the server dropped: registered anew
+                await forget_registrations(self.vault.redis, upstream.name)
             await self.vault.delete(user, upstream.name)
             await audit(self.vault.redis, "refresh_failed", user, upstream.name, self._audit_maxlen)
             raise await self.required(user, upstream.name, "The authorization server no longer honours it. ") from None
         scopes = issued.scopes or current.scopes
         refresh = issued.refresh_token or current.refresh_token
-        tokens = TokenSet(issued.access_token, refresh, expiry(issued, sent_at), scopes, sent_at)
+        tokens = TokenSet(issued.access_token, refresh, expiry(issued, sent_at), scopes, sent_at, current.asked)
         await self.vault.put(user, upstream.name, tokens)
         return tokens
 
-    async def required(self, user: str, upstream: str, why: str = "") -> errors.AuthorizationRequired:
-        """67 for a user without a connection, with a link to connect."""
+    async def required(
+        self, user: str, upstream: str, why: str = "", scopes: tuple[str, ...] = ()
+    ) -> errors.AuthorizationRequired:
+        """67 for a user without a connection (or whose grant lacks `scopes`), with a link to connect."""
         message = f"This tool acts for the user {user!r}, who has not connected {upstream!r}. {why}"
+        if scopes:
+            message = f"This tool acts for the user {user!r}, whose grant for {upstream!r} is not enough. {why}"
         if self.links is None:
             return errors.AuthorizationRequired(message + "Ask the operator how to connect it.")
-        link = await self.links.link(user, upstream)
+        link = await self.links.link(user, upstream, scopes)
         return errors.AuthorizationRequired(
             message + f"Ask the user to open this link to grant access, then call the tool again: {link}"
         )

@@ -20,10 +20,12 @@ from mcp.types import CallToolResult
 from worker import errors, logs, metrics
 from worker.call.admission import Turn
 from worker.call.job import Answer, Job
+from worker.call.mcp_authorization import step_up
 from worker.call.mcp_server import server_spec
 from worker.call.retries import backoff_s
 from worker.call.runtime import Runtime
 from worker.http.transport import PreparedRequest
+from worker.mcp_client.challenges import Challenged
 from worker.mcp_client.failures import Unsent
 from worker.mcp_client.spec import ServerSpec
 
@@ -56,6 +58,8 @@ class McpTool:
                             break
                         except (Unsent, errors.ToolError) as exc:
                             error = exc.error if isinstance(exc, Unsent) else exc
+                            if isinstance(error, Challenged):  # never sent again: a step-up, or the refusal
+                                raise await step_up(runtime.users, job.call.user, job.upstream, error) from exc
                             wait_s = _retry_wait_s(job, exc, attempts)
                             if wait_s is None:
                                 raise error from exc

@@ -51,7 +51,10 @@ class Runtime:
         # One session per MCP server, reused by every call of this process.
         self.mcp = mcp or Sessions()
         # MCP servers' authorization servers, found as the MCP specification's client finds them.
-        self.mcp_authorization = McpAuthorization(redis, self.policy, self.transport)
+        links = self.users.links
+        self.mcp_authorization = McpAuthorization(
+            redis, self.policy, self.transport, self.users.keyring, links.public_url if links else None
+        )
         self._validators: dict[str, Draft202012Validator] = {}
         self._turns: dict[str, FairTurns] = {}
 

@@ -43,6 +43,8 @@ class TokenSet:
     expires_at: float = 0.0
     scopes: tuple[str, ...] = ()
     obtained_at: float = 0.0
+    # The scopes the user's consent asked for (the server may grant fewer): a step-up asks for no scope twice.
+    asked: tuple[str, ...] = ()
 
     def refresh_at(self, share: float) -> float:
         """When to refresh: once `share` of its lifetime has passed (never, for a token without expiry)."""
@@ -66,7 +68,7 @@ class TokenSet:
         raw = json.loads(data)
         return cls(
             raw["access_token"], raw.get("refresh_token"), float(raw.get("expires_at") or 0),
-            tuple(raw.get("scopes") or ()), float(raw.get("obtained_at") or 0),
+            tuple(raw.get("scopes") or ()), float(raw.get("obtained_at") or 0), tuple(raw.get("asked") or ()),
         )  # fmt: skip
 
 

@@ -146,12 +146,17 @@ def authorization_url(
     return endpoints.authorization_url + separator + urlencode(query)
 
 
+class ClientRejected(errors.AuthorizationRequired):
+    """The token endpoint does not know (or no longer accepts) the client: `invalid_client`."""
+
+
 async def grant(transport: HttpTransport, request: TokenRequest) -> Issued:
     """A token request (code, refresh, token exchange); AuthorizationRequired when the server refuses it."""
     response = await post_form(transport, request)
     if response.status in (400, 401, 403):
         kind = _error_code(response.body)
-        raise errors.AuthorizationRequired(f"The authorization server refused the grant ({kind}).")
+        failure = ClientRejected if kind == "invalid_client" else errors.AuthorizationRequired
+        raise failure(f"The authorization server refused the grant ({kind}).")
     try:
         data = json.loads(response.body)
         access_token = data["access_token"]

@@ -11,6 +11,10 @@ Every URL fetched here, and every endpoint the metadata names that the fleet wou
 egress policy unless it is on the MCP server's own origin: a refusal is EgressBlocked (77) naming the refused
 origin, raised before anything connects there. The SDK's helpers (mcp.client.auth.utils, mcp.shared.auth)
 build the URLs, parse the documents and pick the scopes; the requests go through the fleet's transport.
+
+The client's identity at that server, when the upstream names no `client_id`: a Client ID Metadata Document
+(the server says `client_id_metadata_document_supported`), else RFC 7591 dynamic registration at its
+`registration_endpoint` (`register`, here; kept by worker/call/mcp_clients.py).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx2
 from mcp.client.auth.utils import (
@@ -57,6 +61,10 @@ PROBE_BODY = json.dumps(
 
 # GET a URL: (status, body); the seam unit tests drive without a network.
 Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]
+# POST a JSON body to a URL: (status, body).
+Post = Callable[[str, bytes], Awaitable[tuple[int, bytes]]]
+# How a registered client authenticates at the token endpoint, by RFC 7591's names: form fields, or Basic.
+AUTH_METHODS = {"client_secret_basic": "basic", "client_secret_post": "body", "none": "body"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,49 @@ class Discovered:
         data = json.loads(text)
         data["scopes"], data["service_scopes"] = tuple(data["scopes"]), tuple(data["service_scopes"])
         return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """The fleet's client at an authorization server, registered dynamically (RFC 7591)."""
+
+    client_id: str
+    client_secret: str | None = field(default=None, repr=False)
+    auth_method: str = "body"  # "body" (form fields) or "basic"
+    expires_at: float = 0.0  # when the server says the secret expires (0: never)
+
+
+def registration_request(client_name: str, redirect_uri: str) -> dict[str, object]:
+    """The client metadata (RFC 7591 §2) the fleet registers with: a confidential client of the code flow."""
+    return {
+        "client_name": client_name,
+        "redirect_uris": [redirect_uri],
+        "grant_types": USER_GRANTS,
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "client_secret_post",
+    }
+
+
+async def register(post: Post, guard: Guard, registration_url: str, client_name: str, redirect_uri: str) -> Registered:
+    """A new client at the server's registration endpoint (held to the egress policy first)."""
+    guard.check(registration_url)
+    status, body = await post(registration_url, json.dumps(registration_request(client_name, redirect_uri)).encode())
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if status not in (200, 201) or not isinstance(answer, dict) or not isinstance(answer.get("client_id"), str):
+        error = answer.get("error") if isinstance(answer, dict) else None
+        why = f" ({error})" if isinstance(error, str) and error.replace("_", "").isalnum() else ""
+        raise _misconfigured(guard, f"its authorization server refused to register the fleet as a client{why}")
+    secret = answer.get("client_secret")
+    expires = answer.get("client_secret_expires_at")
+    return Registered(
+        answer["client_id"],
+        secret if isinstance(secret, str) and secret else None,
+        AUTH_METHODS.get(str(answer.get("token_endpoint_auth_method") or "client_secret_basic"), "body"),
+        float(expires) if isinstance(expires, (int, float)) and expires > 0 else 0.0,
+    )
 
 
 class Guard:
@@ -217,10 +268,34 @@ def _misconfigured(guard: Guard, why: str) -> errors.ToolMisconfigured:
 def transport_fetch(transport: HttpTransport, guard: Guard, timeout_s: float, verify_tls: bool) -> Fetch:
     """GET through the fleet's transport, never redirected: the server's own origin on its own pool, any other
     on the egress-checked one (which checks the address each connection reaches as well)."""
-    limits = Limits(MAX_METADATA_BYTES, timeout_s)
+    send = _sender(transport, guard, timeout_s, verify_tls)
 
     async def fetch(url: str) -> tuple[int, bytes]:
-        request = PreparedRequest("GET", url, (("Accept", "application/json"),), None, frozenset(), frozenset())
+        return await send(
+            PreparedRequest("GET", url, (("Accept", "application/json"),), None, frozenset(), frozenset())
+        )
+
+    return fetch
+
+
+def transport_post(transport: HttpTransport, guard: Guard, timeout_s: float, verify_tls: bool) -> Post:
+    """POST a JSON body the way `transport_fetch` GETs (a registration request)."""
+    send = _sender(transport, guard, timeout_s, verify_tls)
+    headers = (("Content-Type", "application/json"), ("Accept", "application/json"))
+
+    async def post(url: str, body: bytes) -> tuple[int, bytes]:
+        return await send(PreparedRequest("POST", url, headers, body, frozenset(), frozenset()))
+
+    return post
+
+
+def _sender(
+    transport: HttpTransport, guard: Guard, timeout_s: float, verify_tls: bool
+) -> Callable[[PreparedRequest], Awaitable[tuple[int, bytes]]]:
+    limits = Limits(MAX_METADATA_BYTES, timeout_s)
+
+    async def send(request: PreparedRequest) -> tuple[int, bytes]:
+        url = request.url
         spec = PoolSpec(f"(mcp authorization) {guard.origin}", verify_tls, 4, timeout_s)
         trusted = guard.origin if guard.own(url) else None
         try:
@@ -235,7 +310,7 @@ def transport_fetch(transport: HttpTransport, guard: Guard, timeout_s: float, ve
             ) from None
         return response.status, response.body
 
-    return fetch
+    return send
 
 
 def _no_redirect(target: URL) -> None:

@@ -2,7 +2,8 @@
 the server offers it, else `initialize`), entered in a task of its own that holds it open until the process
 closes it (the transport then ends the session with DELETE). A session the server no longer knows (404) is
 opened again and the request, refused unread, sent again once; a session whose connection broke is opened
-again by the next call.
+again by the next call. A request the server refused for its credential (401, 403) fails as `Challenged`, with
+the server's challenge.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import HEADER_MISMATCH, CallToolResult
 
 from worker import errors
+from worker.mcp_client.challenges import Watch
 from worker.mcp_client.failures import Unsent, mapped, session_gone
 from worker.mcp_client.spec import ServerSpec
 
@@ -38,6 +40,7 @@ class Held:
 
     def __init__(self, spec: ServerSpec) -> None:
         self.spec = spec
+        self.watch = Watch()  # the last 401 or 403 the server answered
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._task = asyncio.get_running_loop().create_task(self._hold(), name=f"mcp-session-{spec.name}")
@@ -51,7 +54,7 @@ class Held:
 
     async def _hold(self) -> None:
         try:
-            async with _client(self.spec) as client:
+            async with _client(self.spec, self.watch) as client:
                 self._ready.set_result(client)
                 await self._stop.wait()
         except BaseException as exc:
@@ -71,7 +74,7 @@ class Held:
 
 
 @contextlib.asynccontextmanager
-async def _client(spec: ServerSpec) -> AsyncIterator[Client]:
+async def _client(spec: ServerSpec, watch: Watch) -> AsyncIterator[Client]:
     """The SDK's client of one server, its handshake done."""
     headers = dict(spec.headers)
     timeout = httpx2.Timeout(spec.timeout_s, connect=spec.connect_timeout_s, read=STREAM_READ_TIMEOUT_S)
@@ -81,7 +84,7 @@ async def _client(spec: ServerSpec) -> AsyncIterator[Client]:
             mode = "legacy"
         else:
             # The SDK leaves a client it was given open: closed here, after the session.
-            http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout))
+            http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout, auth=watch))
             transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
         client = Client(transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s)
         yield await stack.enter_async_context(client)
@@ -127,7 +130,7 @@ class Sessions:
             except BaseException as exc:
                 self._held.pop(spec, None)
                 await held.close()
-                raise mapped(exc, spec.name) from exc
+                raise held.watch.take(spec.name) or mapped(exc, spec.name) from exc
 
     async def call_tool(
         self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
@@ -145,9 +148,11 @@ class Sessions:
                 if session_gone(exc) and not last:
                     await self.forget(spec)
                     continue
-                if not self._alive(spec):  # the connection broke: the next call opens a new session
+                challenged = self._challenged(spec)
+                # the connection broke, or the credential was refused: the next call opens a new session
+                if not self._alive(spec) or challenged is not None:
                     await self.forget(spec)
-                raise mapped(exc, spec.name) from exc
+                raise challenged or mapped(exc, spec.name) from exc
         raise AssertionError("unreachable: the last try returns or raises")
 
     async def list_tools(self, spec: ServerSpec) -> tuple[str, list[dict[str, Any]]]:
@@ -166,6 +171,10 @@ class Sessions:
             await self.forget(spec)
             raise mapped(exc, spec.name) from exc
         raise errors.ReceiveFailed(f"The MCP server {spec.name!r} listed more than {MAX_LIST_PAGES} pages of tools.")
+
+    def _challenged(self, spec: ServerSpec) -> errors.ToolError | None:
+        held = self._held.get(spec)
+        return None if held is None else held.watch.take(spec.name)
 
     def _alive(self, spec: ServerSpec) -> bool:
         held = self._held.get(spec)

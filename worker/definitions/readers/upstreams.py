@@ -164,6 +164,8 @@ def build_auth(name: str, model: AuthModel, mcp: bool = False) -> Auth:
     required = _REQUIRED[model.type]
     if mcp and model.type in _DISCOVERED:
         required = tuple(f for f in required if f not in _DISCOVERED[model.type])
+    if mcp and model.type == "oauth2_user" and model.issuer is None and model.authorization_url is None:
+        required = ()  # the client too: a metadata document or a dynamic registration (SPEC §18)
     missing = [f for f in required if getattr(model, f) is None]
     # A bearer credential may come only from each call (an end user's token).
     if model.type == "bearer" and model.per_call_header:

@@ -23,6 +23,7 @@ from worker.definitions.model import Auth, Upstream
 from worker.http.delegated import (
     ACCESS_TOKEN_TYPE,
     TOKEN_EXCHANGE_GRANT,
+    ClientRejected,
     Pkce,
     ServerEndpoints,
     authorization_url,
@@ -55,8 +56,10 @@ class Delegation:
         self.directory = Directory()
         self.environ = environ if environ is not None else os.environ
         self._audit_maxlen = audit_maxlen
-        # MCP upstreams' authorization servers: what a worker discovered (Redis), else discovered here.
-        self.discovery = McpAuthorization(vault.redis, policy or EgressPolicy.parse(""), transport)
+        # MCP upstreams' authorization servers: what a worker discovered (Redis), else discovered here; and the
+        # fleet's client at each (its metadata document's URL, or its registration, shared through Redis).
+        policy = policy or EgressPolicy.parse("")
+        self.discovery = McpAuthorization(vault.redis, policy, transport, vault.keyring, links.public_url)
 
     @property
     def enabled(self) -> bool:
@@ -79,17 +82,21 @@ class Delegation:
             upstream.auth, self.environ, self.transport, AUTHORIZATION_SERVER_TIMEOUT_S, upstream.verify_tls
         )
 
-    async def start(self, user: str, upstream: Upstream, binding: str, link_expires_at: float) -> str:
-        """Where the user's browser goes to grant access: a new state and PKCE verifier kept server side."""
+    async def start(
+        self, user: str, upstream: Upstream, binding: str, link_expires_at: float, scopes: tuple[str, ...] = ()
+    ) -> str:
+        """Where the user's browser goes to grant access: a new state and PKCE verifier kept server side; the
+        link's `scopes` (a step-up's) in place of the upstream's, when it names some."""
         upstream = await self.resolved(upstream)
         auth = upstream.auth
         assert auth is not None
         endpoints = await self.endpoints(upstream)
         pkce = Pkce.new()
-        state = await self.links.begin(user, upstream.name, pkce.verifier, binding, link_expires_at)
+        asked = scopes or auth.scopes
+        state = await self.links.begin(user, upstream.name, pkce.verifier, binding, link_expires_at, asked)
         extra = extra_params(auth, self.environ)
         client = Client.of(auth, self.environ)
-        return authorization_url(endpoints, client.client_id, self.links.redirect_uri, auth.scopes, state, pkce, extra)
+        return authorization_url(endpoints, client.client_id, self.links.redirect_uri, asked, state, pkce, extra)
 
     async def finish(self, pending: Pending, upstream: Upstream, code: str, issuer: str | None) -> TokenSet:
         """The code exchanged and the token set stored; AuthorizationRequired when the server refuses it or
@@ -110,10 +117,14 @@ class Delegation:
         client = Client.of(auth, self.environ)
         request = client.request(endpoints.token_url, form, AUTHORIZATION_SERVER_TIMEOUT_S, upstream.verify_tls)
         sent_at = time.time()
-        issued = await grant(self.transport, request)
-        tokens = TokenSet(
-            issued.access_token, issued.refresh_token, expiry(issued, sent_at), issued.scopes or auth.scopes, sent_at
-        )
+        try:
+            issued = await grant(self.transport, request)
+        except ClientRejected:  # a registration the server no longer knows: the next link registers anew
+            await self.discovery.forget_client(upstream.name)
+            raise
+        scopes = issued.scopes or pending.scopes or auth.scopes
+        asked = pending.scopes or auth.scopes
+        tokens = TokenSet(issued.access_token, issued.refresh_token, expiry(issued, sent_at), scopes, sent_at, asked)
         await self.vault.put(pending.user, upstream.name, tokens)
         await audit(self.vault.redis, "connect", pending.user, upstream.name, self._audit_maxlen)
         return tokens

@@ -227,11 +227,15 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 def is_open_path(path: str) -> bool:
     """A browser's routes: the console (its pages check a session of their own), a connect link
     (`/v1/connections/{upstream}/authorize`, its ticket is the credential) and the authorization server's
-    redirect back (rest/connections.py)."""
+    redirect back (rest/connections.py); and the Client ID Metadata Documents authorization servers fetch
+    (`/v1/connections/clients/{upstream}.json`, public by design)."""
     if path in (CALLBACK_PATH, CONSOLE_PREFIX) or path.startswith(CONSOLE_PREFIX + "/"):
         return True
     parts = path.split("/")
-    return len(parts) == 5 and parts[1:3] == ["v1", "connections"] and parts[4] == "authorize" and bool(parts[3])
+    if len(parts) != 5 or parts[1:3] != ["v1", "connections"]:
+        return False
+    link = parts[4] == "authorize" and bool(parts[3])
+    return link or (parts[3] == "clients" and parts[4].endswith(".json") and len(parts[4]) > len(".json"))
 
 
 def is_loopback(host: str) -> bool:

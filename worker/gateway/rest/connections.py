@@ -4,14 +4,16 @@
     DELETE /v1/connections/{upstream}               revoked at the server (RFC 7009, when it can) and removed
     GET    /v1/connections/{upstream}/authorize     a connect link: 302 to the authorization server
     GET    /v1/connections/callback                 the server's redirect back: code exchanged, set stored
+    GET    /v1/connections/clients/{upstream}.json  the Client ID Metadata Document of the fleet's client at an
+                                                    MCP upstream's authorization server (public)
 
     browser ──GET connect link──▶ gateway ──302 (state, PKCE S256, cookie)──▶ authorization server
     browser ◀──────────── 302 callback?code&state&iss ◀── (the user logs in and consents)
     browser ──GET callback (cookie)──▶ gateway ──code + verifier──▶ token endpoint ──▶ vault ──▶ "connected"
 
-The two browser routes need no bearer token: the link's ticket (single use, for one user and upstream) is
-the credential, and the state is bound to the browser that opened the link by a cookie. A ticket or state
-that is unknown, spent, expired or another browser's is refused (400) and nothing is stored.
+The two browser routes and the metadata documents need no bearer token: the link's ticket (single use, for one
+user and upstream) is the credential, and the state is bound to the browser that opened the link by a cookie.
+A ticket or state that is unknown, spent, expired or another browser's is refused (400) and nothing is stored.
 """
 
 from __future__ import annotations
@@ -30,13 +32,21 @@ from starlette.routing import Route
 
 from worker import errors
 from worker.call.connect import CALLBACK_PATH
+from worker.call.mcp_clients import DOCUMENT_PATH, metadata_document
 from worker.connections import async_client
 from worker.definitions.model import ToolSet, Upstream
 from worker.gateway.calls import Calls
 from worker.gateway.identity.delegation import Delegation, open_delegation
 from worker.gateway.identity.principals import principal_of
 from worker.gateway.rest.bodies import BadBody
-from worker.gateway.rest.models import CallbackQuery, ConnectionList, Error, Removed, TicketQuery
+from worker.gateway.rest.models import (
+    CallbackQuery,
+    ClientMetadataDocument,
+    ConnectionList,
+    Error,
+    Removed,
+    TicketQuery,
+)
 from worker.gateway.rest.operations import Answer, Operation, error, served
 from worker.gateway.rest.routes import ERRORS
 from worker.settings import Settings
@@ -95,10 +105,10 @@ class Connections:
         redeemed = await self.delegation.links.redeem(query.ticket, upstream)
         if redeemed is None:  # unknown, spent or expired: refused
             return _page(403, "This connect link is not valid any more.", "It was used already or it expired.")
-        user, expires_at = redeemed
+        user, expires_at, scopes = redeemed
         binding = secrets.token_urlsafe(32)
         try:
-            location = await self.delegation.start(user, defined, binding, expires_at)
+            location = await self.delegation.start(user, defined, binding, expires_at, scopes)
         except errors.ToolError as exc:
             return _page(502, "The authorization server cannot be reached.", exc.message)
         response = RedirectResponse(location, status_code=302)
@@ -112,6 +122,15 @@ class Connections:
             secure=self.delegation.links.public_url.startswith("https://"),
         )
         return response
+
+    async def client_document(self, request: Request, upstream: UpstreamName) -> Response:
+        """The Client ID Metadata Document of an MCP upstream acting for users without a pre-registered client."""
+        defined = self._upstream(upstream)
+        auth = None if defined is None else defined.auth
+        if defined is None or defined.mcp is None or auth is None or auth.type != "oauth2_user" or auth.client_id:
+            return error(404, "unknown_client", f"No MCP upstream {upstream!r} names its client by this document.")
+        document = metadata_document(self.delegation.links.public_url, upstream)
+        return JSONResponse(document, headers={"Cache-Control": "public, max-age=300"})
 
     async def callback(self, request: Request, query: Annotated[CallbackQuery, Query()]) -> Response:
         pending = await self.delegation.links.finish(query.state) if self.delegation.enabled else None
@@ -196,6 +215,18 @@ OPERATIONS = [
         {200: Answer("A short page for the user.", str, "text/html"), 400: _MALFORMED, 403: _LINK_REFUSED},
         open=True,
         refuse=_bad_authorization,
+    ),
+    Operation(
+        "GET",
+        DOCUMENT_PATH,
+        Connections.client_document,
+        "getClientMetadataDocument",
+        "The Client ID Metadata Document naming the fleet's client at an MCP upstream's authorization server",
+        {
+            200: Answer("The document; its client_id is its own URL.", ClientMetadataDocument),
+            404: Answer("No MCP upstream of this name names its client by a metadata document.", Error),
+        },
+        open=True,
     ),
     Operation(
         "DELETE",

@@ -264,6 +264,17 @@ class ConnectionList(Described):
     connections: list[Connection]
 
 
+class ClientMetadataDocument(Described):
+    """The fleet's client at an MCP server's authorization server, named by this document's own URL."""
+
+    client_id: str
+    client_name: str
+    redirect_uris: list[str]
+    grant_types: list[str]
+    response_types: list[str]
+    token_endpoint_auth_method: Literal["none"]
+
+
 class Removed(Described):
     upstream: str
     removed: bool
