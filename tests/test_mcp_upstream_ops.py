@@ -5,13 +5,15 @@ under load loses no call. Real servers (the `mcp` SDK's `MCPServer`) and a real 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx2
 import pytest
@@ -37,6 +39,7 @@ from worker.envelope import ToolResult
 from worker.upstreams.changes import ChangedTools
 
 pytestmark = pytest.mark.timeout(240)
+T = TypeVar("T")
 __all__ = ["browser", "page"]
 
 
@@ -307,6 +310,12 @@ def test_the_console_shows_upstreams_and_accepts_a_withheld_tool(
     assert "mcp_tool_accepted" in audit and "upstream.accept" in audit, audit[-2000:]
 
 
+def in_thread(work: Coroutine[Any, Any, T]) -> T:
+    """Run on a loop of its own in another thread (Playwright's sync API keeps a loop in this one)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
+
+
 async def gateway_call(gateway: Gateway, name: str, arguments: dict[str, object]) -> CallToolResult | MCPError:
     """The gateway's answer to the SDK's client, or the JSON-RPC error it answered with."""
     async with (
@@ -323,7 +332,7 @@ async def gateway_call(gateway: Gateway, name: str, arguments: dict[str, object]
 def test_through_the_gateway_a_server_not_listed_yet_gets_its_prefixs_calls(gateway: Gateway) -> None:
     """The SDK's client calls `later_add`, absent from `tools/list` (never listed), and the server answers it;
     a name of no upstream's prefix is an unknown tool."""
-    added = asyncio.run(gateway_call(gateway, "later_add", {"a": 20, "b": 22}))
+    added = in_thread(gateway_call(gateway, "later_add", {"a": 20, "b": 22}))
     assert isinstance(added, CallToolResult) and added.structured_content == {"total": 42}, added
-    unknown = asyncio.run(gateway_call(gateway, "elsewhere_add", {}))
+    unknown = in_thread(gateway_call(gateway, "elsewhere_add", {}))
     assert isinstance(unknown, MCPError) and "elsewhere_add" in str(unknown), unknown
