@@ -198,7 +198,8 @@ def test_signing_in_lands_on_the_fleet_with_a_safe_cookie(console: ConsoleStack,
         page.goto(console.url + target)
         html = page.content()
         assert cookie["value"] not in html and OPS_TOKEN not in html
-        assert page.locator("nav a").all_inner_texts() == ["Fleet", "Catalog", "Dead letters", "Audit", "Approvals"]
+        nav = page.locator("nav a").all_inner_texts()
+        assert nav == ["Fleet", "Catalog", "Upstreams", "Dead letters", "Audit", "Approvals"]
     csrf = page.locator("input[name=csrf_token]").first.get_attribute("value")
     assert csrf and csrf != cookie["value"]
 

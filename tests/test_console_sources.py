@@ -133,7 +133,7 @@ def test_the_nav_names_approvals_and_connections_when_they_exist(sources: Source
     sign_in(page, sources.url, APPROVER_TOKEN)
     page.goto(sources.url + "/console/audit")
     labels = page.locator("nav a").all_inner_texts()
-    assert labels == ["Fleet", "Catalog", "Dead letters", "Audit", "Approvals", "Connections"]
+    assert labels == ["Fleet", "Catalog", "Upstreams", "Dead letters", "Audit", "Approvals", "Connections"]
     for label in ("Approvals", "Connections"):
         page.get_by_role("link", name=label).click()
         assert page.locator("h1").inner_text() == label

@@ -15,6 +15,7 @@ from worker.call.fairness import FairTurns
 from worker.call.mcp_authorization import McpAuthorization
 from worker.call.vault import Keyring
 from worker.constants import TOOL_ALIASES
+from worker.definitions.mcp_tools import unlisted_tool
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
 from worker.http.transport import HttpTransport, PoolSpec
@@ -58,8 +59,13 @@ class Runtime:
         self._validators: dict[str, Draft202012Validator] = {}
         self._turns: dict[str, FairTurns] = {}
 
-    def resolve(self, name: str) -> tuple[Tool, Upstream]:
+    def _tool(self, name: str) -> Tool | None:
+        """The tool of a name: the catalog's, else one of an MCP upstream not listed yet."""
         tool = self.toolset.tools.get(TOOL_ALIASES.get(name, name))
+        return tool if tool is not None or not self.toolset.unlisted else unlisted_tool(self.toolset, name)
+
+    def resolve(self, name: str) -> tuple[Tool, Upstream]:
+        tool = self._tool(name)
         if tool is None:
             if name in self.toolset.unusable:
                 raise errors.ToolMisconfigured(
@@ -70,7 +76,7 @@ class Runtime:
 
     def upstream_of(self, name: str) -> str | None:
         """The upstream of a tool; None when the name (the model's) resolves to no tool."""
-        tool = self.toolset.tools.get(TOOL_ALIASES.get(name, name))
+        tool = self._tool(name)
         return tool.upstream if tool is not None else None
 
     def swap(self, toolset: ToolSet) -> None:

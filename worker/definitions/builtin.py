@@ -136,6 +136,8 @@ def served_toolset(toolset: ToolSet, http_request_enabled: bool, code_mode: bool
         list(toolset.problems),
         dict(toolset.unusable),
         dict(toolset.tenants),
+        notices=list(toolset.notices),
+        unlisted=toolset.unlisted,
     )
     served.upstreams[WORKER_UPSTREAM] = Upstream(WORKER_UPSTREAM, Template.literal(""))
     extra = catalog_tools(WORKER_UPSTREAM) + ([http_request_tool(WORKER_UPSTREAM)] if http_request_enabled else [])

@@ -194,18 +194,42 @@ def with_listings(toolset: ToolSet, listings: Mapping[str, Listing]) -> ToolSet:
     naming both sources."""
     out = ToolSet(dict(toolset.upstreams), dict(toolset.tools), list(toolset.problems), dict(toolset.unusable))
     out.tenants, out.notices = dict(toolset.tenants), list(toolset.notices)
+    unlisted: list[str] = []
     for name, upstream in toolset.upstreams.items():
         if upstream.mcp is None:
             continue
         listing = listings.get(name)
         if listing is None or listing.listed_at is None:
             why = listing.error if listing is not None and listing.error else "it has not been listed yet"
-            out.notices.append(Problem(upstream.source, f"MCP upstream {name!r} has no tools: {why}"))
+            sent = f"calls to {catalog_name(upstream, '')}* are sent to it as they are named until it is listed"
+            out.notices.append(Problem(upstream.source, f"MCP upstream {name!r} has no tools: {why}; {sent}"))
+            unlisted.append(name)
             continue
         for server_name, definition in sorted(listing.tools.items()):
             if selected(upstream, server_name):
                 _add(out, upstream, server_name, definition)
+    out.unlisted = tuple(unlisted)
     return out
+
+
+def unlisted_tool(toolset: ToolSet, name: str) -> Tool | None:
+    """The tool a call of `name` reaches on an MCP upstream never listed (one that wants a user's token even
+    to list its tools): its prefix + the server's name, sent as that name; the longest prefix wins. None when
+    no such upstream's prefix (nor include/exclude) matches."""
+    found: tuple[int, Upstream] | None = None
+    for upstream_name in toolset.unlisted:
+        upstream = toolset.upstreams.get(upstream_name)
+        if upstream is None or upstream.mcp is None:
+            continue
+        prefix = catalog_name(upstream, "")
+        fits = name.startswith(prefix) and len(name) > len(prefix) and selected(upstream, name[len(prefix) :])
+        if fits and (found is None or len(prefix) > found[0]):
+            found = (len(prefix), upstream)
+    if found is None:
+        return None
+    size, upstream = found
+    source = Source(f"<mcp {upstream.name}: not listed yet>")
+    return tool_of(upstream, name[size:], {"name": name[size:]}, source)
 
 
 def _add(out: ToolSet, upstream: Upstream, server_name: str, definition: Mapping[str, JSON]) -> None:

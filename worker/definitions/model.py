@@ -342,6 +342,8 @@ class ToolSet:
     tenants: dict[str, Tenant] = field(default_factory=dict)
     # What is worth saying but breaks nothing (an MCP upstream not listed yet, and why).
     notices: list[Problem] = field(default_factory=list)
+    # MCP upstreams never listed: a call to their prefix + any name is sent to them (mcp_tools.unlisted_tool).
+    unlisted: tuple[str, ...] = ()
 
     def tenant(self, name: str) -> Tenant:
         """A tenant's limits: its own, else the default tenant's (under its own name)."""

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from worker.connections import sync_client
 from worker.definitions import builtin, catalog, file_store, listings, redis_store
-from worker.definitions.mcp_tools import Listing, with_listings
+from worker.definitions.mcp_tools import Listing, unlisted_tool, with_listings
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.gateway.identity.principals import Grant
 from worker.http.egress import EgressPolicy
@@ -43,7 +43,8 @@ def with_tags(toolset: ToolSet, tags: Iterable[str]) -> ToolSet:
     if not wanted:
         return toolset
     tools = {name: tool for name, tool in toolset.tools.items() if wanted & set(tool.tags)}
-    return ToolSet(dict(toolset.upstreams), tools, list(toolset.problems), dict(toolset.unusable))
+    unlisted = tuple(name for name in toolset.unlisted if name in wanted)  # an MCP upstream's tag is its name
+    return ToolSet(dict(toolset.upstreams), tools, list(toolset.problems), dict(toolset.unusable), unlisted=unlisted)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Snapshot:
     names: tuple[str, ...] = ()
     _mcp: dict[str, dict[str, JSON]] = field(default_factory=dict, repr=False)
     _views: dict[Grant, Snapshot] = field(default_factory=dict, repr=False)
+    grant: Grant | None = field(default=None, repr=False)  # a scoped view's grant
 
     def __post_init__(self) -> None:
         self.names = tuple(sorted(self.toolset.tools))
@@ -66,12 +68,19 @@ class Snapshot:
         view = self._views.get(grant)
         if view is None:
             tools = {name: tool for name, tool in self.toolset.tools.items() if grant.allows(tool)}
-            view = Snapshot(self.version, ToolSet(dict(self.toolset.upstreams), tools))
+            view = Snapshot(self.version, ToolSet(dict(self.toolset.upstreams), tools, unlisted=self.toolset.unlisted))
+            view.grant = grant
             self._views[grant] = view
         return view
 
     def tool(self, name: str) -> Tool | None:
-        return self.toolset.tools.get(name)
+        """The tool of this name; else, on an MCP upstream not listed yet, the one its prefix names (when the
+        grant allows it)."""
+        tool = self.toolset.tools.get(name)
+        if tool is not None or not self.toolset.unlisted:
+            return tool
+        tool = unlisted_tool(self.toolset, name)
+        return tool if tool is not None and (self.grant is None or self.grant.allows(tool)) else None
 
     def upstream(self, tool: Tool) -> Upstream:
         return self.toolset.upstreams[tool.upstream]

@@ -16,6 +16,7 @@ from typing import Any
 import httpx2
 import structlog
 from mcp.client import Client
+from mcp.client.session import MessageHandlerFnT
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -25,6 +26,7 @@ from mcp.types import HEADER_MISMATCH, CallToolResult
 from worker import errors
 from worker.mcp_client.challenges import Watch
 from worker.mcp_client.failures import Unsent, mapped, session_gone
+from worker.mcp_client.list_changed import OnToolsChanged, held_open, tools_changed_handler
 from worker.mcp_client.spec import ServerSpec
 
 log = structlog.get_logger("toolworker.mcp")
@@ -38,9 +40,10 @@ class Held:
     """A session held open by a task of its own (the SDK's task groups live and die in the task that
     entered them), until `close`."""
 
-    def __init__(self, spec: ServerSpec) -> None:
+    def __init__(self, spec: ServerSpec, on_tools_changed: OnToolsChanged | None = None) -> None:
         self.spec = spec
         self.watch = Watch()  # the last 401 or 403 the server answered
+        self._on_tools_changed = on_tools_changed
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._task = asyncio.get_running_loop().create_task(self._hold(), name=f"mcp-session-{spec.name}")
@@ -54,9 +57,10 @@ class Held:
 
     async def _hold(self) -> None:
         try:
-            async with _client(self.spec, self.watch) as client:
+            handler = tools_changed_handler(self.spec.name, self._on_tools_changed)
+            async with _client(self.spec, self.watch, handler) as client:
                 self._ready.set_result(client)
-                await self._stop.wait()
+                await held_open(client, self._stop, handler is not None, self.spec.name)
         except BaseException as exc:
             if not self._ready.done():
                 self._ready.set_exception(exc)
@@ -74,7 +78,9 @@ class Held:
 
 
 @contextlib.asynccontextmanager
-async def _client(spec: ServerSpec, watch: Watch) -> AsyncIterator[Client]:
+async def _client(
+    spec: ServerSpec, watch: Watch, message_handler: MessageHandlerFnT | None = None
+) -> AsyncIterator[Client]:
     """The SDK's client of one server, its handshake done."""
     headers = dict(spec.headers)
     timeout = httpx2.Timeout(spec.timeout_s, connect=spec.connect_timeout_s, read=STREAM_READ_TIMEOUT_S)
@@ -86,7 +92,9 @@ async def _client(spec: ServerSpec, watch: Watch) -> AsyncIterator[Client]:
             # The SDK leaves a client it was given open: closed here, after the session.
             http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout, auth=watch))
             transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
-        client = Client(transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s)
+        client = Client(
+            transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s, message_handler=message_handler
+        )
         yield await stack.enter_async_context(client)
 
 
@@ -112,18 +120,23 @@ class Sessions:
         self._held: dict[ServerSpec, Held] = {}
         self._locks: dict[ServerSpec, asyncio.Lock] = {}
         self.handshakes = 0
+        # Told the upstream's name when a server says its tools changed (set by whoever refreshes listings).
+        self.on_tools_changed: OnToolsChanged | None = None
 
     async def client(self, spec: ServerSpec) -> Client:
         """The server's open session; opened now when there is none, or the one there was has ended."""
         held = self._held.get(spec)
         if held is not None and held.alive:
-            return await held.client()
+            try:  # another call's handshake, which may yet fail
+                return await held.client()
+            except Exception as exc:
+                raise mapped(exc, spec.name) from exc
         async with self._locks.setdefault(spec, asyncio.Lock()):
             held = self._held.get(spec)
             if held is None or not held.alive:
                 if held is not None:
                     await held.close()
-                held = self._held[spec] = Held(spec)
+                held = self._held[spec] = Held(spec, self.on_tools_changed)
                 self.handshakes += 1
             try:
                 return await asyncio.wait_for(held.client(), spec.connect_timeout_s + spec.timeout_s)

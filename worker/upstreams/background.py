@@ -1,5 +1,5 @@
-"""What a worker process runs beside its calls for the MCP upstreams: refreshing the listings that are due,
-and serving every listing stored (by any process) from the next call on."""
+"""What a worker process runs beside its calls for the MCP upstreams: refreshing the listings that are due or
+whose server said its tools changed, and serving every listing stored (by any process) from the next call on."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from worker.call.runtime import Runtime
 from worker.definitions import listings
 from worker.definitions.mcp_tools import Listing
 from worker.definitions.model import ToolSet
+from worker.upstreams.changes import ChangedTools
 from worker.upstreams.refresh import Refresher, refresh_forever
 
 
@@ -29,6 +30,8 @@ def upstream_work(
     refresher = Refresher(
         client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization
     )
+
+    runtime.mcp.on_tools_changed = ChangedTools(refresher, defined).changed
 
     def wanted() -> bool:
         return listings.has_mcp(defined())

@@ -31,6 +31,8 @@ from worker.protocol import ToolCall
 log = structlog.get_logger("toolworker.upstreams")
 # How often the workers look for an upstream whose refresh is due.
 DUE_CHECK_S = 5.0
+# How often a refresh asked for looks again at a lock another process holds.
+LOCK_WAIT_S = 0.5
 
 
 @dataclass
@@ -100,14 +102,31 @@ class Refresher:
             listing = found.get(upstream.name)
             if listing is not None and listing.tried_at is not None and now - listing.tried_at < upstream.mcp.refresh_s:
                 continue
-            lock = MCP_REFRESH_LOCK_PREFIX + upstream.name
-            if await self.redis.set(
-                lock, "1", nx=True, ex=max(1, int(upstream.connect_timeout_s + upstream.timeout_s))
-            ):
-                try:
-                    await self.refresh(upstream)
-                finally:
-                    await self.redis.delete(lock)
+            await self.refresh_locked(upstream)
+
+    async def refresh_locked(self, upstream: Upstream) -> bool:
+        """Refresh under the upstream's Redis lock; False (nothing done) while another process holds it."""
+        lock = MCP_REFRESH_LOCK_PREFIX + upstream.name
+        expiry = max(1, int(upstream.connect_timeout_s + upstream.timeout_s))
+        if not await self.redis.set(lock, "1", nx=True, ex=expiry):
+            return False
+        try:
+            await self.refresh(upstream)
+        finally:
+            await self.redis.delete(lock)
+        return True
+
+    async def refresh_since(self, upstream: Upstream, noticed: float) -> None:
+        """Make sure a refresh that began at `noticed` or later has read the server: this process's own, or
+        another's (the lock held, its listing tried since); waits at most a refresh's time for the lock."""
+        deadline = time.time() + 2 * (upstream.connect_timeout_s + upstream.timeout_s)
+        while True:
+            listing = await listings.read_one(self.redis, upstream.name)
+            if listing is not None and listing.tried_at is not None and listing.tried_at >= noticed:
+                return
+            if await self.refresh_locked(upstream) or time.time() > deadline:
+                return
+            await asyncio.sleep(LOCK_WAIT_S)
 
 
 async def refresh_forever(refresher: Refresher, toolset: Callable[[], ToolSet]) -> None:

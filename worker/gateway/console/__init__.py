@@ -1,10 +1,11 @@
 """The operators' console: `/console` on the gateway, server-rendered HTML that works without JavaScript.
 
 Signed in with a gateway static token whose principal may `operate` (sessions.py, gate.py); pages for
-the fleet, the catalog (and trying a tool), dead letters (inspect, purge, replay) and the audit trail
-(pages.py, templates/). Every change is a CSRF-checked POST from the gateway's own origin, and is in the
-audit trail. The console lives outside `/v1` (it is not part of the REST API or its OpenAPI document);
-the Guard lets `/console` through without a bearer token: the console's own session stands in for it.
+the fleet, the catalog (and trying a tool), the upstreams (accepting what `pin` withheld), dead letters
+(inspect, purge, replay) and the audit trail (pages.py, templates/). Every change is a CSRF-checked POST
+from the gateway's own origin, and is in the audit trail. The console lives outside `/v1` (it is not part of
+the REST API or its OpenAPI document); the Guard lets `/console` through without a bearer token: the
+console's own session stands in for it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from worker.gateway.console.sessions import Sessions
 from worker.gateway.console.sources import Extensions
 from worker.gateway.identity.principals import StaticTokens
 from worker.settings import Settings
+from worker.upstreams.operate import Operator
 
 __all__ = ["Console", "Extensions", "open_console"]
 
@@ -38,7 +40,8 @@ async def open_console(
         Sessions(redis_async, settings.console_session_ttl_seconds), tokens, tokenless, settings.gateway_public_url
     )
     try:
-        yield Console(calls, gate, shards, redis_async, settings.gateway_call_timeout_seconds, extensions)
+        timeout_s = settings.gateway_call_timeout_seconds
+        yield Console(calls, gate, shards, redis_async, timeout_s, extensions, Operator(settings).accept)
     finally:
         for _, client in shards:
             client.close()

@@ -15,8 +15,11 @@ GET  /console/dead-letters/{id}        one item, redacted
 POST /console/dead-letters/{id}/purge  remove exactly that item
 POST /console/dead-letters/{id}/replay enqueue its calls again (answered once)
 GET  /console/audit?principal=&tool=&exit_code=   the audit trail, newest first
+GET  /console/upstreams                each upstream: kind, protocol, tools, last refresh and error; withheld tools
+POST /console/upstreams/{name}/accept  serve what `pin` withheld (the form's `tool`, or all of them)
 
-The dead-letter pages are letters.py's, the fleet's fleet_page.py's; what every page shares is views.py's.
+The dead-letter pages are letters.py's, the fleet's fleet_page.py's, the upstreams' upstream_page.py's; what
+every page shares is views.py's.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from worker.gateway.console.gate import CONSOLE_PATH, Gate, csrf_of
 from worker.gateway.console.letters import LetterPages
 from worker.gateway.console.sessions import COOKIE, CSRF_FIELD, LOGIN_COOKIE, Session, new_secret
 from worker.gateway.console.sources import Decision, Extensions, NotWaiting
-from worker.gateway.console.views import APPROVALS, CONNECTIONS, FLEET, LINKS, LOGIN, Room, refusal, render
+from worker.gateway.console.upstream_page import Accept, UpstreamPages
+from worker.gateway.console.views import APPROVALS, CONNECTIONS, FLEET, LINKS, LOGIN, UPSTREAMS, Room, refusal, render
 from worker.gateway.health import FleetUnavailable
 from worker.queue.dead_letter_store import DeadLetters
 from worker.shards import Shard
@@ -69,9 +73,10 @@ class Console(Room):
         redis_async: aioredis.Redis,
         call_timeout_s: float,
         extensions: Extensions | None = None,
+        accept: Accept | None = None,
     ) -> None:
         """`shards`: a synchronous client on each shard, the home one first (the figures `toolworker queue`
-        reads); `redis_async`: the home shard's."""
+        reads); `redis_async`: the home shard's; `accept`: serves what an MCP upstream's `pin` withheld."""
         self.extensions = extensions or Extensions()
         extra = [("Approvals", APPROVALS)] if self.extensions.approvals else []
         extra += [("Connections", CONNECTIONS)] if self.extensions.connections else []
@@ -81,6 +86,7 @@ class Console(Room):
         self.call_timeout_s = call_timeout_s
         self.fleet = FleetPages(calls, self.links, shards)
         self.letters = LetterPages(calls, self.links, DeadLetters(redis_async))
+        self.upstreams = UpstreamPages(calls, self.links, redis_async, accept or _nothing_accepted)
 
     def routes(self) -> list[Route]:
         pages: dict[str, Page] = {
@@ -93,12 +99,14 @@ class Console(Room):
             "/console/dead-letters": self.letters.letters,
             "/console/dead-letters/{item}": self.letters.letter,
             "/console/audit": self.audit,
+            UPSTREAMS: self.upstreams.upstreams,
         }
         actions: dict[str, Act] = {
             "/console/logout": self.logout,
             "/console/catalog/{name}/try": self.try_call,
             "/console/dead-letters/{item}/purge": self.letters.purge,
             "/console/dead-letters/{item}/replay": self.letters.replay,
+            UPSTREAMS + "/{name}/accept": self.upstreams.accept,
         }
         if self.extensions.approvals is not None:
             pages[APPROVALS] = self.approvals
@@ -316,6 +324,10 @@ def _text(value: bytes | str) -> str:
 
 def _positive(score: object) -> bool:
     return isinstance(score, int | float) and score > 0
+
+
+async def _nothing_accepted(upstream: str, tool: str | None) -> Any:
+    raise KeyError(f"this console cannot accept the tools of {upstream!r}")
 
 
 def _routed(extension: T | None) -> T:

@@ -20,9 +20,11 @@ LOGIN = CONSOLE_PATH + "/login"
 FLEET = CONSOLE_PATH + "/fleet"
 APPROVALS = CONSOLE_PATH + "/approvals"
 CONNECTIONS = CONSOLE_PATH + "/connections"
+UPSTREAMS = CONSOLE_PATH + "/upstreams"
 LINKS = (
     ("Fleet", FLEET),
     ("Catalog", "/console/catalog"),
+    ("Upstreams", UPSTREAMS),
     ("Dead letters", "/console/dead-letters"),
     ("Audit", "/console/audit"),
 )
