@@ -43,7 +43,11 @@ async def view_of(calls: Calls, record: TaskRecord) -> TaskView:
     """The task as it stands: a cancelled one has no envelope to read; otherwise the call's, if answered."""
     if record.status == "cancelled":
         return TaskView(record, None)
-    return TaskView(record, await calls.wait(record.task_id, 0.0))
+    envelope = await calls.wait(record.task_id, 0.0)
+    if envelope is None and record.status == "working" and not record.status_message:
+        # A call that waits on a task of its MCP server shows that task's latest status message.
+        record = record.model_copy(update={"status_message": await calls.upstream_status(record.task_id)})
+    return TaskView(record, envelope)
 
 
 def detailed(view: TaskView) -> dict[str, Any]:

@@ -81,6 +81,7 @@ LIST_PAGE_SIZE = 50
 CallHandler = Callable[["Context", types.CallToolRequestParams], Awaitable[dict[str, Any]]]
 
 WITHDRAWN_MESSAGE = "Cancelled before it started: the call was taken off its queue and never sent upstream."
+UPSTREAM_CANCELLED = "Cancelled: the task it waited on at its MCP server is cancelled too (tasks/cancel)."
 PROGRAM_CANCELLED = "Cancelled: the program stops; its tool calls that had not started were withdrawn."
 RUNNING_2026 = (
     "Cancellation was asked, but the call had already started on a worker and cannot be stopped: it runs to "
@@ -283,6 +284,10 @@ class McpTasks:
         if record.tool == PROGRAM_TOOL and await self.calls.cancel_program(record.task_id, record.tenant):
             log.info("gateway.task_cancelled", taskId=record.task_id, program=True)
             return TaskView(await self.store.update(record, status="cancelled", status_message=PROGRAM_CANCELLED), None)
+        if await self.calls.cancel_upstream_task(record.task_id):
+            log.info("gateway.task_cancelled", taskId=record.task_id, upstream_task=True)
+            cancelled = await self.store.update(record, status="cancelled", status_message=UPSTREAM_CANCELLED)
+            return TaskView(cancelled, None)
         envelope = await self.calls.wait(record.task_id, 0.0)
         if envelope is not None:  # it ended meanwhile
             return TaskView(record, envelope)
