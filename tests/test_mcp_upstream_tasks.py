@@ -4,6 +4,7 @@ run by FastMCP's own Python), which writes each start, end and cancellation of a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import redis
 
 from tests.conftest import start_worker, stop_worker, wait_ready
-from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
+from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start_gateway
 from tests.support.mcp_servers import ROOT, McpServerProcess
 from tests.support.waiting import wait_until
 from worker.client import ToolClient
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.integration]
 
 FASTMCP4 = ROOT / ".venv" / "task-clients" / "fastmcp4" / "bin" / "python"
 SERVER = ROOT / "tests" / "support" / "fastmcp_upstream.py"
+TASK_CLIENT = ROOT / "tests" / "support" / "task_clients" / "fastmcp_tasks_client.py"
 TINY_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 
@@ -74,17 +76,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     definitions = folder / "definitions"
     definitions.mkdir()
     (definitions / "mcp.yaml").write_text(
-        f"upstreams:\n  fm: {{mcp: {{url: '{server.url}'}}, timeout_seconds: 20, connect_timeout_seconds: 2}}\n"
+        "upstreams:\n"
+        f"  fm: {{mcp: {{url: '{server.url}'}}, timeout_seconds: 20, connect_timeout_seconds: 2}}\n"
+        f"  fmt: {{mcp: {{url: '{server.url}', tasks: true, include: [nap]}}, timeout_seconds: 20}}\n"
     )
     redis = EmbeddedRedis(folder / "redis").start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
     env.update(TOOLWORKER_REDIS_URL=redis.url, TOOLWORKER_DEFINITIONS=str(definitions), TOOLWORKER_METRICS_PORT="0")
     env.update(TOOLWORKER_STORE_POLL_SECONDS="0.5", TOOLWORKER_LEASE_SECONDS="2")
     stack = Stack(redis, server, ledger, definitions, env, folder)
-    refreshed = subprocess.run(
-        [sys.executable, "-m", "worker", "upstreams", "refresh", "fm"], env=env, capture_output=True, text=True
-    )
-    assert refreshed.returncode == 0, refreshed.stderr
+    for name in ("fm", "fmt"):
+        refresh = [sys.executable, "-m", "worker", "upstreams", "refresh", name]
+        refreshed = subprocess.run(refresh, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert refreshed.returncode == 0, refreshed.stderr
     yield stack
     redis.stop()
     server.kill()
@@ -105,6 +109,29 @@ def test_a_task_only_tool_answers_through_the_fleet(stack: Stack, worker: subpro
     assert stack.lines("brew").count("start brew") == 1
 
 
+def test_a_tool_that_allows_tasks_is_one_where_the_upstream_asks_for_tasks(
+    stack: Stack, worker: subprocess.Popen[bytes]
+) -> None:
+    """`nap` allows tasks: run inline through `fm`, as a task through `fmt` (`mcp: {tasks: true}`)."""
+    with ToolClient(stack.redis.url) as client:
+        inline = client.submit("fm_nap", {"seconds": 0.2}, timeout=60)
+        tasked = client.submit("fmt_nap", {"seconds": 0.2}, timeout=60)
+        answers = inline.get(timeout=60), tasked.get(timeout=60)
+    assert [a.result for a in answers] == ["rested", "rested"], [a.to_dict() for a in answers]
+    assert not stack.said("worker", "mcp.task_started", inline.call_id)
+    assert stack.said("worker", "mcp.task_started", tasked.call_id)
+
+
+def test_a_call_past_its_deadline_cancels_its_upstream_task(stack: Stack, worker: subprocess.Popen[bytes]) -> None:
+    """The worker gives up at the call's deadline (28) and sends tasks/cancel: the tool's body is cancelled."""
+    before = stack.lines("brew").count("cancelled brew")
+    with ToolClient(stack.redis.url) as client:
+        answer = client.call("fm_brew", {"seconds": 30}, timeout=3)
+    assert answer.exit_code == 28, answer.to_dict()
+    wait_until(lambda: stack.lines("brew").count("cancelled brew") == before + 1, 30, "the tool's body cancelled")
+    assert stack.said("worker", "mcp.task_cancelled", answer.call_id)
+
+
 def test_image_and_structured_content_come_through_unchanged(stack: Stack, worker: subprocess.Popen[bytes]) -> None:
     """The task's result is mapped like a tools/call answer: its blocks in `content`, its structuredContent."""
     with ToolClient(stack.redis.url) as client:
@@ -120,7 +147,7 @@ def test_a_worker_killed_while_it_polls_is_replaced_by_one_that_polls_the_same_t
 ) -> None:
     """kill -9 of the worker waiting on `brew`'s task: another worker finds the task's id with the call and
     polls that task to its end; the server ran the tool once."""
-    before = stack.lines("brew").count("start brew")
+    before, done_before = stack.lines("brew").count("start brew"), stack.lines("brew").count("done brew")
     other = stack.worker("other")
     workers = {"worker": worker, "other": other}
     try:
@@ -139,7 +166,7 @@ def test_a_worker_killed_while_it_polls_is_replaced_by_one_that_polls_the_same_t
             stop_worker(other)
     assert answer.exit_code == 0 and answer.result == "brewed for 6.0 s", answer.to_dict()
     assert stack.lines("brew").count("start brew") == before + 1, stack.lines("brew")
-    assert stack.lines("brew").count("done brew") == before + 1, stack.lines("brew")
+    assert stack.lines("brew").count("done brew") == done_before + 1, stack.lines("brew")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +183,7 @@ def gateway(stack: Stack) -> Iterator[Gateway]:
 def test_cancelling_a_running_call_cancels_its_upstream_task(stack: Stack, gateway: Gateway) -> None:
     """DELETE /v1/calls/{id} of a call waiting on `brew`'s task: the worker sends tasks/cancel (the server's
     tool body is cancelled) and the call ends 75."""
+    before = stack.lines("brew").count("cancelled brew")
     with httpx2.Client(base_url=gateway.url, headers=auth(), timeout=60) as http:
         body = {"tool": "fm_brew", "arguments": {"seconds": 30}, "wait": False, "timeoutSeconds": 90}
         started = http.post("/v1/calls", json=body)
@@ -166,4 +194,37 @@ def test_cancelling_a_running_call_cancels_its_upstream_task(stack: Stack, gatew
         assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True, cancelled.text
         answer = http.get(f"/v1/calls/{call_id}", params={"waitSeconds": 30}).json()
     assert answer["exitCode"] == 75 and "cancelled" in answer["error"]["message"], answer
-    wait_until(lambda: "cancelled brew" in stack.lines("brew"), 30, "the server's tool body cancelled")
+    wait_until(lambda: stack.lines("brew").count("cancelled brew") > before, 30, "the server's tool body cancelled")
+
+
+def run_task_client(gateway: Gateway, action: str, **extra: object) -> dict[str, object]:
+    """One step of FastMCP 4's own task client against the gateway (tests/support/task_clients/)."""
+    command = {"url": gateway.url + "/mcp", "token": TOKEN, "action": action, "timeout": 10, **extra}
+    done = subprocess.run(
+        [str(FASTMCP4), str(TASK_CLIENT), json.dumps(command)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "error" not in seen, seen
+    return seen
+
+
+def test_the_upstream_task_status_is_the_status_of_our_task(stack: Stack, gateway: Gateway) -> None:
+    """A task through the gateway whose call waits on `brew`'s task: tasks/get shows brew's progress message."""
+    handle = {"tool": "fm_brew", "arguments": {"seconds": 8}}
+    created = run_task_client(gateway, "start", **handle)["created"]
+    assert isinstance(created, dict)
+    messages: list[str] = []
+
+    def shows_progress() -> bool:
+        status = run_task_client(gateway, "status", tool="fm_brew", created=created)["status"]
+        assert isinstance(status, dict)
+        messages.append(str(status.get("statusMessage")))
+        return "brew: step" in messages[-1]
+
+    try:
+        wait_until(shows_progress, 30, "the upstream's status message")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the task's status messages were {messages}") from None
+    result = run_task_client(gateway, "result", tool="fm_brew", created=created)["result"]
+    assert result == {"isError": False, "texts": ["brewed for 8.0 s"], "meta": result["meta"]}, result

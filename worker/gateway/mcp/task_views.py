@@ -44,9 +44,11 @@ async def view_of(calls: Calls, record: TaskRecord) -> TaskView:
     if record.status == "cancelled":
         return TaskView(record, None)
     envelope = await calls.wait(record.task_id, 0.0)
-    if envelope is None and record.status == "working" and not record.status_message:
+    if envelope is None and record.status == "working":
         # A call that waits on a task of its MCP server shows that task's latest status message.
-        record = record.model_copy(update={"status_message": await calls.upstream_status(record.task_id)})
+        upstream = await calls.upstream_status(record.task_id)
+        if upstream:
+            record = record.model_copy(update={"status_message": upstream})
     return TaskView(record, envelope)
 
 
