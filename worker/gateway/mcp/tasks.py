@@ -24,9 +24,10 @@ and would hold a `CreateTaskResult` to the shape of a `CallToolResult`: the midd
 
 A tool result with `isError` is a *completed* task (every envelope is a tool result); `failed` is for a
 call whose envelope cannot be read. Cancelling a call that has not started withdraws it from its queue
-(never sent upstream): the task is `cancelled`. A call already running cannot be stopped: 2026-07-28
-keeps the task `working` with a status message saying so (it then completes); 2025-11-25, whose rules
-make a cancelled task `cancelled`, says in its message that the call ran on.
+(never sent upstream): the task is `cancelled`; so is one whose call waits on a task of its MCP server (the
+worker polling it sends `tasks/cancel` there, worker/call/mcp_task.py). Another running call cannot be
+stopped: 2026-07-28 keeps the task `working` with a status message saying so (it then completes);
+2025-11-25, whose rules make a cancelled task `cancelled`, says in its message that the call ran on.
 """
 
 from __future__ import annotations
