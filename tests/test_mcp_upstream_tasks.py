@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -132,6 +133,14 @@ def test_a_call_past_its_deadline_cancels_its_upstream_task(stack: Stack, worker
     assert stack.said("worker", "mcp.task_cancelled", answer.call_id)
 
 
+def test_a_failed_task_is_a_tool_error(stack: Stack, worker: subprocess.Popen[bytes]) -> None:
+    """`spill`'s task ends `failed`: exit 22 with the server's message, sent once."""
+    with ToolClient(stack.redis.url) as client:
+        answer = client.call("fm_spill", {}, timeout=60)
+    assert answer.exit_code == 22 and "the milk was spilt" in (answer.error or {}).get("message", ""), answer.to_dict()
+    assert stack.lines("spill") == ["start spill"]
+
+
 def test_image_and_structured_content_come_through_unchanged(stack: Stack, worker: subprocess.Popen[bytes]) -> None:
     """The task's result is mapped like a tools/call answer: its blocks in `content`, its structuredContent."""
     with ToolClient(stack.redis.url) as client:
@@ -197,14 +206,14 @@ def test_cancelling_a_running_call_cancels_its_upstream_task(stack: Stack, gatew
     wait_until(lambda: stack.lines("brew").count("cancelled brew") > before, 30, "the server's tool body cancelled")
 
 
-def run_task_client(gateway: Gateway, action: str, **extra: object) -> dict[str, object]:
+def run_task_client(gateway: Gateway, action: str, **extra: object) -> dict[str, Any]:
     """One step of FastMCP 4's own task client against the gateway (tests/support/task_clients/)."""
     command = {"url": gateway.url + "/mcp", "token": TOKEN, "action": action, "timeout": 10, **extra}
     done = subprocess.run(
         [str(FASTMCP4), str(TASK_CLIENT), json.dumps(command)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    seen: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     assert "error" not in seen, seen
     return seen
 
@@ -228,3 +237,15 @@ def test_the_upstream_task_status_is_the_status_of_our_task(stack: Stack, gatewa
         raise AssertionError(f"{exc}; the task's status messages were {messages}") from None
     result = run_task_client(gateway, "result", tool="fm_brew", created=created)["result"]
     assert result == {"isError": False, "texts": ["brewed for 8.0 s"], "meta": result["meta"]}, result
+
+
+def test_the_gateway_s_tasks_cancel_cancels_the_upstream_task(stack: Stack, gateway: Gateway) -> None:
+    """FastMCP 4's task client cancels a task through the gateway whose call waits on `brew`'s task: our task
+    is `cancelled`, and so is the server's (its tool body cancelled)."""
+    before = stack.lines("brew").count("cancelled brew")
+    created = run_task_client(gateway, "start", tool="fm_brew", arguments={"seconds": 30})["created"]
+    assert isinstance(created, dict)
+    wait_until(lambda: stack.recorded(str(created["taskId"])), 30, "the upstream task recorded")
+    seen = run_task_client(gateway, "cancel", tool="fm_brew", created=created)
+    assert seen["cancelled"] is True and seen["status"]["status"] == "cancelled", seen
+    wait_until(lambda: stack.lines("brew").count("cancelled brew") > before, 30, "the server's tool body cancelled")

@@ -8,6 +8,7 @@ cancelled, across processes and restarts of the caller.
 
 - `brew(seconds)`: task `required`; reports progress with a message while it waits, then answers text;
 - `chart()`: task `required`; answers an image block and structuredContent under an outputSchema;
+- `spill()`: task `required`; fails (its task ends `failed`);
 - `nap(seconds)`: task `optional` (a task only when the caller asks for one), answers text.
 """
 
@@ -67,6 +68,11 @@ def build(ledger: Path) -> FastMCP:
             ImageContent(type="image", data=TINY_PNG, mimeType="image/png"),
         ]
         return ToolResult(content=blocks, structured_content={"points": 3, "title": "tiny"})
+
+    @server.tool(task=TaskConfig(mode="required"), description="Fails, as a task.")
+    async def spill() -> str:
+        note("start spill")
+        raise ValueError("the milk was spilt")
 
     @server.tool(task=TaskConfig(mode="optional"), description="Nap for `seconds` seconds.")
     async def nap(seconds: float, ctx: Context) -> str:

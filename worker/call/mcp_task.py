@@ -7,18 +7,20 @@ upstream with `mcp: {tasks: true}`.
        └──yes (this call was given to a worker before, which was lost) ────────────────▶ poll ──▶ answer
 
 Polling: `tasks/get`, the first soon after the start, then each twice as late, up to the server's
-`pollIntervalMs`; a `tasks/get` that fails on the way (a lost connection, a server restarting) is tried at the
-next turn. Between polls the record is read: a call cancelled meanwhile (the gateway marked its record)
-sends `tasks/cancel`, as does a call that reached its deadline (instead of `notifications/cancelled`: the
-request is long answered). The server's status message is copied to the record, where the call's own task
-shows it. A completed task's result is mapped like a `tools/call` answer; a failed one like a JSON-RPC
-error; one the server cancelled by itself is exit 22.
+`pollIntervalMs`; the call's turn at its upstream is given up between polls, and a `tasks/get` that fails on
+the way (a lost connection, a server restarting) is tried at the next turn. Between polls the record is
+read: a call cancelled meanwhile (the gateway marked its record) sends `tasks/cancel`, as does a call that
+reached its deadline (instead of `notifications/cancelled`: the request is long answered). The server's
+status message is copied to the record, where the call's own task shows it. A completed task's result is
+mapped like a `tools/call` answer; a failed one like a JSON-RPC error; one the server cancelled by itself
+is exit 22.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import structlog
 from mcp.shared.exceptions import MCPError
@@ -34,6 +36,7 @@ from worker.mcp_client.task_records import UpstreamTask
 from worker.mcp_client.tasks import TaskState
 
 log = structlog.get_logger("toolworker.mcp")
+Pause = Callable[[float], Awaitable[None]]
 # The first poll's wait; each later one waits twice as long, up to the server's pollIntervalMs.
 FIRST_POLL_S = 0.05
 # The ceiling when the server names no interval.
@@ -48,13 +51,16 @@ def runs_as_task(job: Job) -> bool:
     return job.tool.task == "required" or bool(job.upstream.mcp is not None and job.upstream.mcp.tasks)
 
 
-async def task_answer(job: Job, runtime: Runtime, spec: ServerSpec, name: str) -> CallToolResult:
-    """The call's result through an upstream task: the one this call started before, else a new one."""
+async def task_answer(
+    job: Job, runtime: Runtime, spec: ServerSpec, name: str, pause: Pause = asyncio.sleep
+) -> CallToolResult:
+    """The call's result through an upstream task: the one this call started before, else a new one. `pause`
+    waits between polls (the call's turn at its upstream gives its place up meanwhile: admission.Turn)."""
     redis, call_id = runtime.redis, job.call.call_id
     known = await task_records.read(redis, call_id) if redis is not None else None
     if known is not None:
         log.info("mcp.task_resumed", callId=call_id, upstream=spec.name, task=known.task_id)
-        return await _polled(job, runtime, spec, known.task_id, None)
+        return await _polled(job, runtime, spec, known.task_id, None, pause)
     if time.time() >= job.deadline:
         raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
     started = await runtime.mcp.start_task(spec, name, job.arguments, job.deadline - time.time())
@@ -64,11 +70,11 @@ async def task_answer(job: Job, runtime: Runtime, spec: ServerSpec, name: str) -
         ttl_s = job.deadline - time.time() + task_records.KEEP_AFTER_DEADLINE_S
         await task_records.store(redis, call_id, UpstreamTask(spec.name, started.task_id, job.tool.name), ttl_s)
     log.info("mcp.task_started", callId=call_id, upstream=spec.name, task=started.task_id)
-    return await _polled(job, runtime, spec, started.task_id, started.poll_interval_ms)
+    return await _polled(job, runtime, spec, started.task_id, started.poll_interval_ms, pause)
 
 
 async def _polled(
-    job: Job, runtime: Runtime, spec: ServerSpec, task_id: str, interval_ms: int | None
+    job: Job, runtime: Runtime, spec: ServerSpec, task_id: str, interval_ms: int | None, pause: Pause
 ) -> CallToolResult:
     redis, call_id = runtime.redis, job.call.call_id
     wait_s, shown = FIRST_POLL_S, None
@@ -88,7 +94,7 @@ async def _polled(
             if state.status_message and state.status_message != shown and redis is not None:
                 shown = state.status_message
                 await task_records.set_status(redis, call_id, shown)
-        await asyncio.sleep(max(0.0, min(wait_s, job.deadline - time.time())))
+        await pause(max(0.0, min(wait_s, job.deadline - time.time())))
         ceiling_s = interval_ms / 1000 if interval_ms and interval_ms > 0 else DEFAULT_POLL_S
         wait_s = min(wait_s * 2, max(ceiling_s, FIRST_POLL_S))
 

@@ -55,7 +55,7 @@ class McpTool:
                     while True:
                         attempts += 1
                         try:
-                            result = await _attempt(job, runtime, spec)
+                            result = await _attempt(job, runtime, spec, turn)
                             break
                         except (Unsent, errors.ToolError) as exc:
                             error = exc.error if isinstance(exc, Unsent) else exc
@@ -69,15 +69,15 @@ class McpTool:
         return Answer(request, attempts=attempts, mcp=dumped)
 
 
-async def _attempt(job: Job, runtime: Runtime, spec: ServerSpec) -> CallToolResult:
+async def _attempt(job: Job, runtime: Runtime, spec: ServerSpec, turn: Turn) -> CallToolResult:
     if runs_as_task(job):
-        return await task_answer(job, runtime, spec, remote_name(job))
+        return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
     if time.time() >= job.deadline:
         raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
     try:
         return await runtime.mcp.call_tool(spec, remote_name(job), job.arguments, job.deadline - time.time())
     except TasksRequired:  # refused unread: the tool runs only as a task (mcp_task.py)
-        return await task_answer(job, runtime, spec, remote_name(job))
+        return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
 
 
 def _retry_wait_s(job: Job, failure: Exception, attempts: int) -> float | None:
