@@ -4,6 +4,7 @@ run by FastMCP's own Python), which writes each start, end and cancellation of a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,6 +18,9 @@ from typing import Any
 import httpx2
 import pytest
 import redis
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import start_worker, stop_worker, wait_ready
 from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start_gateway
@@ -58,6 +62,11 @@ class Stack:
         log = self.logs / f"{worker}.log"
         lines = log.read_text(errors="replace").splitlines() if log.exists() else []
         return any(event in line and call_id in line for line in lines)
+
+    def cancels(self, why: str) -> int:
+        """How many tasks/cancel the workers sent, for this reason ("cancelled" or "deadline")."""
+        lines = [line for log in self.logs.glob("*.log") for line in log.read_text(errors="replace").splitlines()]
+        return sum(1 for line in lines if "mcp.task_cancelled" in line and f'"why": "{why}"' in line)
 
     def worker(self, name: str) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
@@ -242,10 +251,29 @@ def test_the_upstream_task_status_is_the_status_of_our_task(stack: Stack, gatewa
 def test_the_gateway_s_tasks_cancel_cancels_the_upstream_task(stack: Stack, gateway: Gateway) -> None:
     """FastMCP 4's task client cancels a task through the gateway whose call waits on `brew`'s task: our task
     is `cancelled`, and so is the server's (its tool body cancelled)."""
-    before = stack.lines("brew").count("cancelled brew")
+    before, sent = stack.lines("brew").count("cancelled brew"), stack.cancels("cancelled")
     created = run_task_client(gateway, "start", tool="fm_brew", arguments={"seconds": 30})["created"]
     assert isinstance(created, dict)
     wait_until(lambda: stack.recorded(str(created["taskId"])), 30, "the upstream task recorded")
     seen = run_task_client(gateway, "cancel", tool="fm_brew", created=created)
     assert seen["cancelled"] is True and seen["status"]["status"] == "cancelled", seen
     wait_until(lambda: stack.lines("brew").count("cancelled brew") > before, 30, "the server's tool body cancelled")
+    assert stack.cancels("cancelled") == sent + 1
+
+
+async def abandoned_call(gateway: Gateway, name: str, arguments: dict[str, object], after_s: float) -> None:
+    """The SDK's Client (2025-11-25) gives up on a `tools/call` after `after_s`: it sends notifications/cancelled."""
+    async with httpx2.AsyncClient(headers=auth(), timeout=60) as http:
+        transport = streamable_http_client(gateway.url + "/mcp", http_client=http)
+        async with Client(transport, mode="legacy") as client:
+            with pytest.raises(MCPError):
+                await client.call_tool(name, arguments, read_timeout_seconds=after_s)
+
+
+def test_a_client_that_cancels_its_tools_call_cancels_the_upstream_task(stack: Stack, gateway: Gateway) -> None:
+    """notifications/cancelled of a direct tools/call whose call waits on `brew`'s task: tasks/cancel upstream,
+    for that reason (not the call's deadline)."""
+    before = stack.lines("brew").count("cancelled brew"), stack.cancels("cancelled")
+    asyncio.run(abandoned_call(gateway, "fm_brew", {"seconds": 30}, 6))
+    wait_until(lambda: stack.lines("brew").count("cancelled brew") > before[0], 30, "the server's tool body cancelled")
+    assert stack.cancels("cancelled") == before[1] + 1
