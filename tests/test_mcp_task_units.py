@@ -93,3 +93,9 @@ def test_a_failed_task_maps_like_a_json_rpc_error() -> None:
 def test_a_task_the_server_cancelled_is_22() -> None:
     answer = run_with(TaskSessions(state("cancelled")), tasks=True)
     assert answer.exit_code == 22 and "cancelled" in (answer.error or {}).get("message", ""), answer.to_dict()
+
+
+def test_a_task_the_server_no_longer_knows_is_22_not_65() -> None:
+    """tasks/get refused (an expired task: invalid params) is the task's failure, not the arguments'."""
+    answer = run_with(TaskSessions(errors.InvalidArguments("Task t1 not found")), task="required")
+    assert answer.exit_code == 22 and "t1 not found" in (answer.error or {}).get("message", ""), answer.to_dict()

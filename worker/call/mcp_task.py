@@ -100,13 +100,16 @@ async def _polled(
 
 
 async def _state(runtime: Runtime, spec: ServerSpec, task_id: str, timeout_s: float) -> TaskState | None:
-    """The task's state; None when this poll failed on the way (the next one tries again)."""
+    """The task's state; None when this poll failed on the way (the next one tries again). A JSON-RPC error
+    (the server no longer knows the task) ends the call with 22."""
     try:
         return await runtime.mcp.task_state(spec, task_id, timeout_s)
     except Unsent as exc:
         log.info("mcp.task_poll_failed", upstream=spec.name, task=task_id, reason=exc.error.message)
     except errors.TransportError as exc:
         log.info("mcp.task_poll_failed", upstream=spec.name, task=task_id, reason=exc.message)
+    except errors.ToolError as exc:  # the server's refusal (an expired task, say): not the arguments' fault
+        raise errors.ToolFailed(f"The MCP server {spec.name!r} could not say how its task is: {exc.message}") from exc
     return None
 
 
