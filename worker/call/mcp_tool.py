@@ -1,5 +1,6 @@
 """The handler of an MCP upstream's tools: `tools/call` on the server's session (worker/mcp_client/), in the
 call's turn at its upstream, within the call's deadline (past it the SDK sends `notifications/cancelled`).
+A tool that runs as a task on its server is called, polled and cancelled by mcp_task.py.
 
     answer ─▶ turn ─▶ server_spec (URL, headers, credential) ─▶ attempts ─▶ sessions.call_tool ─▶ Answer
 
@@ -22,12 +23,14 @@ from worker.call.admission import Turn
 from worker.call.job import Answer, Job
 from worker.call.mcp_authorization import step_up
 from worker.call.mcp_server import server_spec
+from worker.call.mcp_task import runs_as_task, task_answer
 from worker.call.retries import backoff_s
 from worker.call.runtime import Runtime
 from worker.http.transport import PreparedRequest
 from worker.mcp_client.challenges import Challenged
 from worker.mcp_client.failures import Unsent
 from worker.mcp_client.spec import ServerSpec
+from worker.mcp_client.tasks import TasksRequired
 
 
 class McpTool:
@@ -54,7 +57,7 @@ class McpTool:
                     while True:
                         attempts += 1
                         try:
-                            result = await _attempt(job, runtime, spec)
+                            result = await _attempt(job, runtime, spec, turn)
                             break
                         except (Unsent, errors.ToolError) as exc:
                             error = exc.error if isinstance(exc, Unsent) else exc
@@ -70,10 +73,15 @@ class McpTool:
         return Answer(request, attempts=attempts, mcp=dumped)
 
 
-async def _attempt(job: Job, runtime: Runtime, spec: ServerSpec) -> CallToolResult:
+async def _attempt(job: Job, runtime: Runtime, spec: ServerSpec, turn: Turn) -> CallToolResult:
+    if runs_as_task(job):
+        return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
     if time.time() >= job.deadline:
         raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
-    return await runtime.mcp.call_tool(spec, remote_name(job), job.arguments, job.deadline - time.time())
+    try:
+        return await runtime.mcp.call_tool(spec, remote_name(job), job.arguments, job.deadline - time.time())
+    except TasksRequired:  # refused unread: the tool runs only as a task (mcp_task.py)
+        return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
 
 
 def _retry_wait_s(job: Job, failure: Exception, attempts: int) -> float | None:

@@ -47,6 +47,7 @@ from worker.gateway.identity.audit import AuditTrail, Decision, Record, now_iso
 from worker.gateway.identity.delegation import Delegation, open_delegation
 from worker.gateway.identity.principals import LOCAL, Principal
 from worker.gateway.withdraw import withdraw
+from worker.mcp_client import task_records
 from worker.queue import approvals, programs
 from worker.queue.publisher import Publisher
 from worker.settings import Settings
@@ -276,6 +277,15 @@ class Calls:
         for child, tool in children.items():
             await withdraw(redis, tool, child, tenant, routes=self._redis)
         return True
+
+    async def cancel_upstream_task(self, call_id: str) -> bool:
+        """Cancel a running call that waits on a task of its MCP server: the worker polling it sends
+        `tasks/cancel` and answers 75; False when the call waits on no upstream task."""
+        return await task_records.mark_cancelled(self._redis, call_id)
+
+    async def upstream_status(self, call_id: str) -> str | None:
+        """The status message of the upstream task a running call waits on, if it has one."""
+        return await task_records.status(self._redis, call_id)
 
     async def _claim(self, call_id: str, spec: CallSpec) -> bool:
         """True when this callId is new (and now claimed); raises CallIdConflict for another call's id."""

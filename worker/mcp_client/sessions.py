@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import httpx2
 import structlog
@@ -21,19 +22,22 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import HEADER_MISMATCH, CallToolResult
+from mcp.types import HEADER_MISMATCH, CallToolResult, Result
 
 from worker import errors
 from worker.mcp_client.challenges import Watch
 from worker.mcp_client.failures import Unsent, mapped, session_gone
 from worker.mcp_client.list_changed import OnToolsChanged, held_open, tools_changed_handler
 from worker.mcp_client.spec import ServerSpec
+from worker.mcp_client.tasks import CancelTask, Created, GetTask, TaskIdParams, TasksRequired, TaskState, UpstreamTasks
+from worker.mcp_client.tasks import tasks_required as _tasks_required
 
 log = structlog.get_logger("toolworker.mcp")
 # How long a server's streams may stay silent before the SDK gives up on them (its own default).
 STREAM_READ_TIMEOUT_S = 300.0
 # Pages of tools/list read at most (a server whose cursors never end).
 MAX_LIST_PAGES = 100
+T = TypeVar("T")
 
 
 class Held:
@@ -92,8 +96,14 @@ async def _client(
             # The SDK leaves a client it was given open: closed here, after the session.
             http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout, auth=watch))
             transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
+        extensions = [UpstreamTasks()] if spec.tasks else None
         client = Client(
-            transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s, message_handler=message_handler
+            transport,
+            mode=mode,
+            cache=None,
+            read_timeout_seconds=spec.timeout_s,
+            message_handler=message_handler,
+            extensions=extensions,
         )
         yield await stack.enter_async_context(client)
 
@@ -104,12 +114,33 @@ async def _sent(client: Client, name: str, arguments: dict[str, Any], timeout_s:
     try:
         result = await client.session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
     except MCPError as exc:
+        if _tasks_required(exc):
+            raise TasksRequired(exc.error.message) from exc
         if exc.code != HEADER_MISMATCH:
             raise
         return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
     if not isinstance(result, CallToolResult):  # only asked-for shapes (input rounds, claims) differ
         raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
     return result
+
+
+async def _started(client: Client, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult | Created:
+    """`tools/call` that may be answered with a task (the extension's claim, returned as it came)."""
+    session = client.session
+    try:
+        result = await session.call_tool(name, arguments, read_timeout_seconds=timeout_s, allow_claimed=True)
+    except MCPError as exc:
+        if exc.code != HEADER_MISMATCH:
+            raise
+        await client.list_tools()  # the server wants the tool listed first (its x-mcp-header parameters)
+        result = await session.call_tool(name, arguments, read_timeout_seconds=timeout_s, allow_claimed=True)
+    if not isinstance(result, CallToolResult | Created):
+        raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
+    return result
+
+
+def _tasked(spec: ServerSpec) -> ServerSpec:
+    return spec if spec.tasks else replace(spec, tasks=True)
 
 
 class Sessions:
@@ -149,14 +180,41 @@ class Sessions:
         self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
     ) -> CallToolResult:
         """`tools/call` on the server's session (a new session and once again when the server lost it);
-        a timeout sends `notifications/cancelled` (the SDK's). Unsent: no session could be opened."""
+        a timeout sends `notifications/cancelled` (the SDK's). Unsent: no session could be opened.
+        TasksRequired: the server runs this tool only as a task (refused unread)."""
+        return await self._on_session(spec, lambda client: _sent(client, name, arguments, max(timeout_s, 0.001)))
+
+    async def start_task(
+        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
+    ) -> CallToolResult | Created:
+        """`tools/call` on the session that declares the tasks extension: the task the server created, or
+        its result when it ran the tool inline."""
+        spec = _tasked(spec)
+        return await self._on_session(spec, lambda client: _started(client, name, arguments, max(timeout_s, 0.001)))
+
+    async def task_state(self, spec: ServerSpec, task_id: str, timeout_s: float) -> TaskState:
+        """`tasks/get`: a task is the server's by its id, whichever session (or worker) created it."""
+        request = GetTask(params=TaskIdParams(task_id=task_id))
+        return await self._on_session(
+            _tasked(spec), lambda c: c.session.send_request(request, TaskState, max(timeout_s, 0.001))
+        )
+
+    async def cancel_task(self, spec: ServerSpec, task_id: str, timeout_s: float) -> None:
+        """`tasks/cancel` (acknowledged; the task's state then says whether it ended cancelled)."""
+        request = CancelTask(params=TaskIdParams(task_id=task_id))
+        await self._on_session(_tasked(spec), lambda c: c.session.send_request(request, Result, max(timeout_s, 0.001)))
+
+    async def _on_session(self, spec: ServerSpec, send: Callable[[Client], Awaitable[T]]) -> T:
+        """One request on the server's session, sent again once on a new session when the server lost it."""
         for last in (False, True):
             try:
                 client = await self.client(spec)
             except errors.ToolError as exc:
                 raise Unsent(exc) from exc
             try:
-                return await _sent(client, name, arguments, max(timeout_s, 0.001))
+                return await send(client)
+            except TasksRequired:
+                raise
             except Exception as exc:
                 if session_gone(exc) and not last:
                     await self.forget(spec)

@@ -15,3 +15,5 @@ class ServerSpec:
     headers: tuple[tuple[str, str], ...] = ()
     connect_timeout_s: float = 3.0
     timeout_s: float = 30.0
+    # A session that declares the tasks extension (worker/mcp_client/tasks.py): its calls may become tasks.
+    tasks: bool = False

@@ -312,7 +312,8 @@ class McpFront:
         withdrawn = await self.calls.withdraw(call_id, tool, tenant)
         if withdrawn:
             metrics.WITHDRAWN.inc()
-        log.info("gateway.call_cancelled", callId=call_id, tool=tool, withdrawn=withdrawn)
+        upstream_task = not withdrawn and await self.calls.cancel_upstream_task(call_id)
+        log.info("gateway.call_cancelled", callId=call_id, tool=tool, withdrawn=withdrawn, upstream_task=upstream_task)
 
     # --- list changes -----------------------------------------------------------------------------
 

@@ -43,7 +43,13 @@ async def view_of(calls: Calls, record: TaskRecord) -> TaskView:
     """The task as it stands: a cancelled one has no envelope to read; otherwise the call's, if answered."""
     if record.status == "cancelled":
         return TaskView(record, None)
-    return TaskView(record, await calls.wait(record.task_id, 0.0))
+    envelope = await calls.wait(record.task_id, 0.0)
+    if envelope is None and record.status == "working":
+        # A call that waits on a task of its MCP server shows that task's latest status message.
+        upstream = await calls.upstream_status(record.task_id)
+        if upstream:
+            record = record.model_copy(update={"status_message": upstream})
+    return TaskView(record, envelope)
 
 
 def detailed(view: TaskView) -> dict[str, Any]:

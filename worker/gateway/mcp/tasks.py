@@ -24,9 +24,10 @@ and would hold a `CreateTaskResult` to the shape of a `CallToolResult`: the midd
 
 A tool result with `isError` is a *completed* task (every envelope is a tool result); `failed` is for a
 call whose envelope cannot be read. Cancelling a call that has not started withdraws it from its queue
-(never sent upstream): the task is `cancelled`. A call already running cannot be stopped: 2026-07-28
-keeps the task `working` with a status message saying so (it then completes); 2025-11-25, whose rules
-make a cancelled task `cancelled`, says in its message that the call ran on.
+(never sent upstream): the task is `cancelled`; so is one whose call waits on a task of its MCP server (the
+worker polling it sends `tasks/cancel` there, worker/call/mcp_task.py). Another running call cannot be
+stopped: 2026-07-28 keeps the task `working` with a status message saying so (it then completes);
+2025-11-25, whose rules make a cancelled task `cancelled`, says in its message that the call ran on.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ LIST_PAGE_SIZE = 50
 CallHandler = Callable[["Context", types.CallToolRequestParams], Awaitable[dict[str, Any]]]
 
 WITHDRAWN_MESSAGE = "Cancelled before it started: the call was taken off its queue and never sent upstream."
+UPSTREAM_CANCELLED = "Cancelled: the task it waited on at its MCP server is cancelled too (tasks/cancel)."
 PROGRAM_CANCELLED = "Cancelled: the program stops; its tool calls that had not started were withdrawn."
 RUNNING_2026 = (
     "Cancellation was asked, but the call had already started on a worker and cannot be stopped: it runs to "
@@ -283,6 +285,10 @@ class McpTasks:
         if record.tool == PROGRAM_TOOL and await self.calls.cancel_program(record.task_id, record.tenant):
             log.info("gateway.task_cancelled", taskId=record.task_id, program=True)
             return TaskView(await self.store.update(record, status="cancelled", status_message=PROGRAM_CANCELLED), None)
+        if await self.calls.cancel_upstream_task(record.task_id):
+            log.info("gateway.task_cancelled", taskId=record.task_id, upstream_task=True)
+            cancelled = await self.store.update(record, status="cancelled", status_message=UPSTREAM_CANCELLED)
+            return TaskView(cancelled, None)
         envelope = await self.calls.wait(record.task_id, 0.0)
         if envelope is not None:  # it ended meanwhile
             return TaskView(record, envelope)

@@ -131,6 +131,9 @@ class Rest:
         if tool == PROGRAM_TOOL and await self.calls.cancel_program(callId, principal.tenant):
             # answered 75 by a worker; its calls not started are withdrawn
             return JSONResponse({"callId": callId, "withdrawn": True, "cancelled": True})
+        if tool is not None and await self.calls.cancel_upstream_task(callId):
+            # answered 75 by the worker that polls the call's task at its MCP server, which it cancels
+            return JSONResponse({"callId": callId, "withdrawn": True, "cancelled": True})
         return error(409, "already_started", "The call was taken by a worker already; it runs to its end.")
 
     async def _envelope(self, call_id: str, principal: Principal, wait_s: float, known: bool) -> ToolResult | None:
