@@ -9,7 +9,7 @@ import asyncio
 import sys
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ImageContent
 from pydantic import BaseModel
 
@@ -45,6 +45,12 @@ def build(description: str) -> MCPServer:
             count["cancelled"] += 1
             raise
         return "done"
+
+    @server.tool(description="Log one message at each of debug, info, warning and error, then answer.")
+    async def chatty(ctx: Context) -> str:
+        for level in ("debug", "info", "warning", "error"):
+            await ctx.log(level, f"a {level} message", logger_name="chatty")
+        return "said"
 
     @server.tool(description="How many waits of `slow` were cancelled since the server started.")
     def cancelled() -> int:

@@ -19,10 +19,12 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import HEADER_MISMATCH, CallToolResult
+from mcp.types import HEADER_MISMATCH, CallToolResult, EmptyResult, SetLevelRequest, SetLevelRequestParams
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from worker import errors
 from worker.mcp_client.failures import Unsent, mapped, session_gone
+from worker.mcp_client.relay import CallRelay, InFlight
 from worker.mcp_client.spec import ServerSpec
 
 log = structlog.get_logger("toolworker.mcp")
@@ -38,6 +40,7 @@ class Held:
 
     def __init__(self, spec: ServerSpec) -> None:
         self.spec = spec
+        self.in_flight = InFlight()
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._task = asyncio.get_running_loop().create_task(self._hold(), name=f"mcp-session-{spec.name}")
@@ -51,7 +54,7 @@ class Held:
 
     async def _hold(self) -> None:
         try:
-            async with _client(self.spec) as client:
+            async with _client(self.spec, self.in_flight.callbacks()) as client:
                 self._ready.set_result(client)
                 await self._stop.wait()
         except BaseException as exc:
@@ -71,8 +74,8 @@ class Held:
 
 
 @contextlib.asynccontextmanager
-async def _client(spec: ServerSpec) -> AsyncIterator[Client]:
-    """The SDK's client of one server, its handshake done."""
+async def _client(spec: ServerSpec, callbacks: dict[str, Any]) -> AsyncIterator[Client]:
+    """The SDK's client of one server, its handshake done; `callbacks` answer what the server asks (relay.py)."""
     headers = dict(spec.headers)
     timeout = httpx2.Timeout(spec.timeout_s, connect=spec.connect_timeout_s, read=STREAM_READ_TIMEOUT_S)
     async with contextlib.AsyncExitStack() as stack:
@@ -83,19 +86,25 @@ async def _client(spec: ServerSpec) -> AsyncIterator[Client]:
             # The SDK leaves a client it was given open: closed here, after the session.
             http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout))
             transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
-        client = Client(transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s)
+        client = Client(transport, mode=mode, cache=None, read_timeout_seconds=spec.timeout_s, **callbacks)
         yield await stack.enter_async_context(client)
 
 
-async def _sent(client: Client, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
+async def _sent(
+    client: Client, name: str, arguments: dict[str, Any], timeout_s: float, relay: CallRelay | None = None
+) -> CallToolResult:
     """`tools/call` on the session itself (a third of the client's work per call, measured); a server that
-    wants the tool listed first (HEADER_MISMATCH) is answered through the client, which lists and sends again."""
+    wants the tool listed first (HEADER_MISMATCH) is answered through the client, which lists and sends again.
+    The call's progress goes to its relay, when its caller listens."""
+    progress = relay.progress_callback if relay is not None else None
     try:
-        result = await client.session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+        result = await client.session.call_tool(
+            name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress
+        )
     except MCPError as exc:
         if exc.code != HEADER_MISMATCH:
             raise
-        return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+        return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress)
     if not isinstance(result, CallToolResult):  # only asked-for shapes (input rounds, claims) differ
         raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
     return result
@@ -130,17 +139,28 @@ class Sessions:
                 raise mapped(exc, spec.name) from exc
 
     async def call_tool(
-        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
+        self,
+        spec: ServerSpec,
+        name: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        relay: CallRelay | None = None,
     ) -> CallToolResult:
         """`tools/call` on the server's session (a new session and once again when the server lost it);
-        a timeout sends `notifications/cancelled` (the SDK's). Unsent: no session could be opened."""
+        a timeout sends `notifications/cancelled` (the SDK's). Unsent: no session could be opened. What the
+        server sends during the call goes to `relay` (on a session of the call's own when it needs one)."""
+        relay = relay or CallRelay()
+        if relay.own_session:
+            return await self._call_alone(spec, name, arguments, timeout_s, relay)
         for last in (False, True):
             try:
                 client = await self.client(spec)
             except errors.ToolError as exc:
                 raise Unsent(exc) from exc
+            in_flight = self._held[spec].in_flight.calls if spec in self._held else []
+            in_flight.append(relay)
             try:
-                return await _sent(client, name, arguments, max(timeout_s, 0.001))
+                return await _sent(client, name, arguments, max(timeout_s, 0.001), relay)
             except Exception as exc:
                 if session_gone(exc) and not last:
                     await self.forget(spec)
@@ -148,7 +168,37 @@ class Sessions:
                 if not self._alive(spec):  # the connection broke: the next call opens a new session
                     await self.forget(spec)
                 raise mapped(exc, spec.name) from exc
+            finally:
+                if relay in in_flight:
+                    in_flight.remove(relay)
         raise AssertionError("unreachable: the last try returns or raises")
+
+    async def _call_alone(
+        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float, relay: CallRelay
+    ) -> CallToolResult:
+        """`tools/call` on a session opened for this call alone (its log level, the server's requests its own),
+        ended with it."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:  # entered in this task (the SDK's task groups must be left by the task that entered them)
+                    async with asyncio.timeout(spec.connect_timeout_s + spec.timeout_s):
+                        client = await stack.enter_async_context(_client(spec, relay.callbacks()))
+                except Exception as exc:
+                    raise Unsent(mapped(exc, spec.name)) from exc
+                self.handshakes += 1
+                level = relay.wants.log_level
+                if level is not None and client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+                    with contextlib.suppress(MCPError):  # a server without logging: nothing to hear
+                        # The request itself: the SDK's helper warns that 2026-07-28 dropped it (this server is older).
+                        setting = SetLevelRequest(params=SetLevelRequestParams(level=level))
+                        await client.session.send_request(setting, EmptyResult)
+                # Through the client: a 2026-07-28 server's input rounds are answered by the same callbacks.
+                progress, wait_s = relay.progress_callback, max(timeout_s, 0.001)
+                return await client.call_tool(name, arguments, read_timeout_seconds=wait_s, progress_callback=progress)
+        except (Unsent, errors.ToolError):
+            raise
+        except Exception as exc:
+            raise mapped(exc, spec.name) from exc
 
     async def list_tools(self, spec: ServerSpec) -> tuple[str, list[dict[str, Any]]]:
         """The protocol version negotiated and every tool the server lists (every page)."""

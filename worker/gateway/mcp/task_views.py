@@ -10,6 +10,7 @@ import mcp_types as types
 
 from worker.envelope import ToolResult
 from worker.gateway.calls import Calls
+from worker.gateway.mcp.relay import last_progress
 from worker.gateway.mcp.results import tool_result
 from worker.gateway.mcp.task_store import TaskRecord, now_iso
 
@@ -43,7 +44,11 @@ async def view_of(calls: Calls, record: TaskRecord) -> TaskView:
     """The task as it stands: a cancelled one has no envelope to read; otherwise the call's, if answered."""
     if record.status == "cancelled":
         return TaskView(record, None)
-    return TaskView(record, await calls.wait(record.task_id, 0.0))
+    envelope = await calls.wait(record.task_id, 0.0)
+    if envelope is None and record.status == "working":  # an MCP upstream's last progress message, if any
+        message = await last_progress(calls.client.redis_of(record.tenant), record.task_id)
+        record = record if message is None else record.model_copy(update={"status_message": message})
+    return TaskView(record, envelope)
 
 
 def detailed(view: TaskView) -> dict[str, Any]:
