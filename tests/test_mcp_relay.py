@@ -34,10 +34,12 @@ from mcp.types import (
 from tests.conftest import start_worker, stop_worker
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
 from tests.support.mcp_servers import EVERYTHING, McpServerProcess, everything, sdk_server
+from tests.support.waiting import wait_until
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.integration]
+MODERN = "2026-07-28"
 
 
 @dataclass
@@ -139,7 +141,32 @@ def test_upstream_progress_reaches_the_caller_and_only_increases(gateway: Gatewa
     upstream = [(value, total) for value, total, _message in heard if total is not None]
     assert len(upstream) == 4, heard
     offset = upstream[0][1] - 4  # the upstream's total of 4, shifted by what was reported before
-    assert [(value - offset, total - offset) for value, total in upstream] == [(i, 4) for i in (1, 2, 3, 4)], heard
+    assert [(round(value - offset, 6), round(total - offset, 6)) for value, total in upstream] == [
+        (i, 4) for i in (1, 2, 3, 4)
+    ], heard
+
+
+def test_upstream_progress_after_the_gateways_waiting_progress_continues_from_it(gateway: Gateway) -> None:
+    """The upstream's first step comes after the gateway reported a second of waiting: its steps (and their
+    messages) follow on from there, shifted, never going back."""
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    arguments = {"steps": 2, "seconds": 1.6}
+    result = asyncio.run(called(gateway, "sdk_steps", arguments, progress_callback=on_progress))
+    assert not result.is_error and text(result).startswith("2 steps"), result
+    waiting = [value for value, total, _message in heard if total is None]
+    steps = [(value, total, message) for value, total, message in heard if total is not None]
+    assert waiting and heard[0][1] is None, heard  # the gateway's own came first
+    offset = steps[0][1] - 2
+    assert offset >= waiting[-1], heard
+    assert [(round(value - offset, 6), message) for value, _total, message in steps] == [
+        (1, "Step 1 of 2 done."),
+        (2, "Step 2 of 2 done."),
+    ], heard
+    assert [value for value, _total, _message in heard] == sorted({value for value, _t, _m in heard}), heard
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -212,9 +239,19 @@ def test_upstream_sampling_is_answered_by_the_caller(gateway: Gateway) -> None:
     assert asked and asked[0].max_tokens == 50 and "six times seven" in str(asked[0].messages[0].content), asked
 
 
-def test_a_caller_that_cannot_be_asked_gets_a_declined_request_and_a_note(gateway: Gateway) -> None:
-    """No elicitation declared: the upstream's request is declined, and the tool result's note says so."""
-    result = asyncio.run(called(gateway, "everything_trigger-elicitation-request", {}))
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_caller_that_cannot_be_asked_gets_a_declined_request_and_a_note(gateway: Gateway, mode: str) -> None:
+    """No elicitation declared (2025-11-25), or a 2026-07-28 caller (asked nothing during a call): the
+    upstream's request is declined, and the tool result's note says so."""
+    asked: list[ElicitRequestParams] = []
+
+    async def on_elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params)
+        return ElicitResult(action="accept", content={"name": "never asked"})
+
+    kw: dict[str, Any] = {} if mode == "legacy" else {"elicitation_callback": on_elicit}
+    result = asyncio.run(called(gateway, "everything_trigger-elicitation-request", {}, mode, **kw))
+    assert asked == [], asked
     assert "User declined" in text(result), text(result)
     assert "cannot be asked during a call, so the request was declined" in text(result), text(result)
 
@@ -251,3 +288,33 @@ def test_url_elicitation_is_asked_of_an_mcp_caller_in_url_mode(gateway: Gateway)
     )
     assert "User completed the URL elicitation flow" in text(result), text(result)
     assert asked[0].mode == "url" and asked[0].url == "https://example.com/consent", asked
+
+
+def test_a_tasks_status_message_is_its_upstreams_last_progress(gateway: Gateway) -> None:
+    """A 2026-07-28 task nobody streams: tasks/get says how far the upstream got, in the upstream's words."""
+    headers = {**auth(), "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": MODERN}
+
+    def request(method: str, params: dict[str, Any], **extra: str) -> dict[str, Any]:
+        capabilities = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        }
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
+        sent = {**headers, "Mcp-Method": method, **extra}
+        answer = httpx2.post(gateway.url + "/mcp", json=body, headers=sent, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json()["result"])
+
+    name = "sdk_steps"
+    created = request("tools/call", {"name": name, "arguments": {"steps": 3, "seconds": 1}}, **{"Mcp-Name": name})
+    task_id = created["taskId"]
+    messages: list[str] = []
+
+    def reported() -> bool:
+        task = request("tasks/get", {"taskId": task_id}, **{"Mcp-Name": task_id})
+        messages.append(task.get("statusMessage", ""))
+        return task["status"] == "completed"
+
+    wait_until(reported, 60, "the task's end")
+    assert any(message.startswith("Step ") and message.endswith(" of 3 done.") for message in messages), messages

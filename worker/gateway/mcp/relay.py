@@ -13,7 +13,7 @@ the caller's stream, while the gateway waits for the result.
                     is declined, and the tool result's note says so.
 
 A task's caller listens to nobody's stream: its call relays progress all the same, and the last progress
-message is the task's status message while it works.
+(its message, else "progress N of M") is the task's status message while it works.
 """
 
 from __future__ import annotations
@@ -234,8 +234,14 @@ async def last_progress(redis: aioredis.Redis, call_id: str) -> str | None:
     except (aioredis.RedisError, OSError):
         return None
     for _entry_id, event in _events(entries):
-        if event.get("kind") == "progress" and isinstance(event.get("message"), str) and event["message"]:
-            return str(event["message"])
+        if event.get("kind") != "progress":
+            continue
+        message, progress, total = event.get("message"), event.get("progress"), event.get("total")
+        if isinstance(message, str) and message:
+            return message
+        if isinstance(progress, int | float):
+            of_total = f" of {total:g}" if isinstance(total, int | float) else ""
+            return f"The tool reports progress {progress:g}{of_total}."
     return None
 
 
