@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
@@ -37,6 +37,7 @@ from tests.support.mcp_servers import EVERYTHING, McpServerProcess, everything, 
 from tests.support.waiting import wait_until
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
+from worker.protocol import Relay, parse_call
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.integration]
 MODERN = "2026-07-28"
@@ -318,3 +319,41 @@ def test_a_tasks_status_message_is_its_upstreams_last_progress(gateway: Gateway)
 
     wait_until(reported, 60, "the task's end")
     assert any(message.startswith("Step ") and message.endswith(" of 3 done.") for message in messages), messages
+
+
+async def test_over_stdio_a_caller_hears_logs_and_answers_the_upstream(stack: Stack, worker_client: ToolClient) -> None:
+    """`python -m worker mcp` on stdio (one client, its level kept by the process): log messages at the level
+    set, and the upstream's elicitation asked of the client on the connection."""
+    heard: list[LoggingMessageNotificationParams] = []
+
+    async def on_log(params: LoggingMessageNotificationParams) -> None:
+        heard.append(params)
+
+    async def on_elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        return ElicitResult(action="accept", content={"name": "Grace Hopper"})
+
+    env = gateway_env(stack.redis.url, stack.definitions)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "worker", "mcp"], env=env)
+    async with Client(params, mode="legacy", logging_callback=on_log, elicitation_callback=on_elicit) as client:
+        with warnings.catch_warnings():  # deprecated at 2026-07-28; this is a 2025-11-25 connection
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.set_logging_level("error")
+        said = await client.call_tool("sdk_chatty", {})
+        asked = await client.call_tool("everything_trigger-elicitation-request", {})
+    assert text(said).startswith("said") and [(p.level, p.data) for p in heard] == [("error", "a error message")]
+    assert "Name: Grace Hopper" in text(asked), text(asked)
+
+
+@pytest.mark.parametrize(
+    ("relay", "expected"),
+    [
+        (
+            {"progress": True, "logLevel": "warning", "elicitation": ["form"]},
+            Relay(progress=True, log_level="warning", elicitation=["form"]),
+        ),
+        ({"logLevel": "loud"}, None),  # what the caller listens for never fails the call
+        ("yes", None),
+    ],
+)
+def test_a_call_messages_relay_is_read_or_dropped(relay: object, expected: Relay | None) -> None:
+    assert parse_call({"tool": "t", "relay": relay}, "id-1").relay == expected

@@ -109,10 +109,11 @@ class ToolCall(BaseModel):
     # Set by the gateway for an MCP caller: what of the upstream's messages during the call it listens for.
     relay: Relay | None = None
 
-    @field_validator("traceparent", "tracestate", "enqueued_at", mode="wrap")
+    @field_validator("traceparent", "tracestate", "enqueued_at", "relay", mode="wrap")
     @classmethod
     def _never_fatal(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        """Tracing fields that do not parse are dropped: a call never fails for its trace context."""
+        """Tracing fields (and a relay) that do not parse are dropped: a call never fails for its trace context,
+        nor for what its caller listens for."""
         try:
             return handler(value)
         except ValidationError:
