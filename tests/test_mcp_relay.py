@@ -170,6 +170,27 @@ def test_upstream_progress_after_the_gateways_waiting_progress_continues_from_it
     assert [value for value, _total, _message in heard] == sorted({value for value, _t, _m in heard}), heard
 
 
+def test_concurrent_calls_each_hear_their_own_progress(gateway: Gateway) -> None:
+    """Three calls followed at once (one reader of the gateway's Redis for all): each hears its own steps."""
+    heard: dict[int, list[str | None]] = {2: [], 3: [], 4: []}
+
+    async def one(steps: int) -> CallToolResult:
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            if total is not None:
+                heard[steps].append(message)
+
+        arguments = {"steps": steps, "seconds": 0.3}
+        return await called(gateway, "sdk_steps", arguments, progress_callback=on_progress)
+
+    async def all_three() -> list[CallToolResult]:
+        return list(await asyncio.gather(*(one(steps) for steps in heard)))
+
+    results = asyncio.run(all_three())
+    assert [text(result) for result in results] == ["2 steps", "3 steps", "4 steps"], results
+    for steps, messages in heard.items():
+        assert messages == [f"Step {i} of {steps} done." for i in range(1, steps + 1)], heard
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_upstream_log_messages_at_the_callers_level(gateway: Gateway, mode: str) -> None:
     """The SDK server logs at debug, info, warning and error during its call: a caller at `warning` (set with

@@ -34,6 +34,7 @@ from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from worker.constants import KIND_MCP
 from worker.gateway.calls import Calls, Submitted
 from worker.gateway.identity.principals import principal_of
 from worker.gateway.mcp import asking
@@ -43,8 +44,11 @@ from worker.protocol import call_answer_key, call_events_key
 log = structlog.get_logger("toolworker.gateway.mcp")
 Context = ServerRequestContext[Any, Any]
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
-# One wait for the call's events: short, so a Redis client's socket timeout never cuts a long wait.
-_BLOCK_MS = 1000
+# One wait for the followed calls' events: short, so a call followed meanwhile joins the next read soon (its
+# events wait in its stream).
+_BLOCK_MS = 250
+# The events read once the result came (a stream holds at most 256).
+EVENTS_READ_AT_END = 256
 # A caller's answer is kept this long for the worker waiting on it.
 ANSWER_KEEP_S = 300
 # How far back a task's status looks for the last progress message.
@@ -97,6 +101,56 @@ def wanted(ctx: Context, level: str | None) -> dict[str, Any] | None:
     return relay
 
 
+Entry = tuple[str, dict[str, Any]]
+
+
+class _Reader:
+    """The events of every call a gateway process follows on one Redis (a shard): one blocking XREAD for all
+    of them (not a connection each), each entry handed to its call's queue. It runs while calls are followed."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+        self._followed: dict[str, tuple[str, asyncio.Queue[Entry]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def open(self, key: str) -> asyncio.Queue[Entry]:
+        queue: asyncio.Queue[Entry] = asyncio.Queue()
+        self._followed[key] = ("0-0", queue)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._read())
+        return queue
+
+    def close(self, key: str) -> None:
+        self._followed.pop(key, None)
+
+    async def _read(self) -> None:
+        while self._followed:
+            streams: dict[Any, Any] = {key: last for key, (last, _queue) in self._followed.items()}
+            try:
+                found: Any = await self.redis.xread(streams, count=64, block=_BLOCK_MS)
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("gateway.relay_read_failed", error=str(exc))
+                await asyncio.sleep(_BLOCK_MS / 1000)
+                continue
+            for raw_key, entries in found or []:
+                key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+                followed = self._followed.get(key)
+                for entry in _events(entries):
+                    if followed is not None:
+                        followed = self._followed[key] = (entry[0], followed[1])
+                        followed[1].put_nowait(entry)
+
+
+_readers: dict[int, _Reader] = {}
+
+
+def _reader(redis: aioredis.Redis) -> _Reader:
+    reader = _readers.get(id(redis))
+    if reader is None or reader.redis is not redis:
+        reader = _readers[id(redis)] = _Reader(redis)
+    return reader
+
+
 class Follow:
     """One call's upstream events, relayed to its caller's stream while the gateway waits (see the module)."""
 
@@ -107,6 +161,7 @@ class Follow:
         self._key = call_events_key(call_id)
         self._wants = wants
         self._last_id = "0-0"
+        self._queue: asyncio.Queue[Entry] | None = None
         self._sent = 0.0  # the last progress value sent
         self._offset: float | None = None  # what the upstream's progress is shifted by, from its first
         self._asking: set[asyncio.Task[None]] = set()
@@ -114,8 +169,8 @@ class Follow:
     @classmethod
     def of(cls, ctx: Context, calls: Calls, submitted: Submitted, wants: Mapping[str, Any] | None) -> Follow | None:
         """The relay of a call just enqueued whose caller listens; None otherwise."""
-        if wants is None or not submitted.enqueued:
-            return None
+        if wants is None or not submitted.enqueued or submitted.tool.kind != KIND_MCP:
+            return None  # only an MCP upstream speaks during a call
         return cls(ctx, calls.client.redis_of(submitted.principal.tenant), submitted.call_id, wants)
 
     async def waiting(self, every_s: float) -> None:
@@ -131,27 +186,32 @@ class Follow:
                 )
 
     async def follow(self) -> None:
-        """Relay the call's events as they come; never returns (the call's result ends it)."""
+        """Relay the call's events as they come (read by the process's reader of its Redis); never returns (the
+        call's result ends it)."""
+        reader = _reader(self._redis)
+        self._queue = reader.open(self._key)
         try:
             while True:
-                await self._read(_BLOCK_MS)
-        except (aioredis.RedisError, OSError) as exc:
-            log.warning("gateway.relay_lost", callId=self._call_id, error=str(exc))
-        await asyncio.Event().wait()
+                entry_id, event = await self._queue.get()
+                self._last_id = entry_id
+                await self._relay(event, asking=True)
+        finally:
+            reader.close(self._key)
 
     async def drain(self) -> None:
         """The events written before the result, not yet relayed (progress and log messages)."""
-        with contextlib.suppress(aioredis.RedisError, OSError):
-            await self._read(None, asking=False)
         for task in self._asking:
             task.cancel()
-
-    async def _read(self, block_ms: int | None, asking: bool = True) -> None:
-        found: Any = await self._redis.xread({self._key: self._last_id}, count=64, block=block_ms)
-        for _key, entries in found or []:
-            for entry_id, event in _events(entries):
-                self._last_id = entry_id
-                await self._relay(event, asking)
+        while self._queue is not None and not self._queue.empty():
+            entry_id, event = self._queue.get_nowait()
+            self._last_id = entry_id
+            await self._relay(event, asking=False)
+        with contextlib.suppress(aioredis.RedisError, OSError):
+            found: Any = await self._redis.xread({self._key: self._last_id}, count=EVENTS_READ_AT_END)
+            for _key, entries in found or []:
+                for entry_id, event in _events(entries):
+                    self._last_id = entry_id
+                    await self._relay(event, asking=False)
 
     async def _relay(self, event: Mapping[str, Any], asking: bool) -> None:
         kind = event.get("kind")
@@ -245,7 +305,7 @@ async def last_progress(redis: aioredis.Redis, call_id: str) -> str | None:
     return None
 
 
-def _events(entries: Any) -> list[tuple[str, dict[str, Any]]]:
+def _events(entries: Any) -> list[Entry]:
     """A stream's entries as (id, event); an entry that is not one of ours is an empty event."""
     events = []
     for entry_id, fields in entries or []:
