@@ -281,7 +281,7 @@ class FlakySessions:
         self.sent = 0
 
     async def call_tool(
-        self, spec: object, name: str, arguments: dict[str, object], timeout_s: float
+        self, spec: object, name: str, arguments: dict[str, object], timeout_s: float, relay: object = None
     ) -> CallToolResult:
         self.sent += 1
         if self.failures:

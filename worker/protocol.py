@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
@@ -48,6 +48,35 @@ class Callback(BaseModel):
     url: str = Field(min_length=1, max_length=MAX_CALLBACK_URL_CHARS)
 
 
+LogLevel = Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+# What an MCP upstream sends during a call, for the caller listening (worker/call/relay.py writes, the gateway's
+# worker/gateway/mcp/relay.py reads): a capped stream of the call's events, and the caller's answers to its
+# requests, one list each.
+CALL_EVENTS_PREFIX = "toolworker:call-events:"
+CALL_ANSWER_PREFIX = "toolworker:call-answer:"
+
+
+def call_events_key(call_id: str) -> str:
+    return CALL_EVENTS_PREFIX + call_id
+
+
+def call_answer_key(call_id: str, request_id: str) -> str:
+    return f"{CALL_ANSWER_PREFIX}{call_id}:{request_id}"
+
+
+class Relay(BaseModel):
+    """What the caller of an MCP upstream's tool listens for during the call (the gateway says, for an MCP
+    caller): progress, log messages at or above a level, and the requests it can answer (elicitation in
+    these modes, sampling). Never a credential."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    progress: bool = False
+    log_level: LogLevel | None = Field(None, alias="logLevel")
+    elicitation: list[Literal["form", "url"]] = Field(default_factory=list, max_length=2)
+    sampling: bool = False
+
+
 class ToolCall(BaseModel):
     """The call object of a task message (docs/guides/clients.md), validated at the queue."""
 
@@ -77,11 +106,14 @@ class ToolCall(BaseModel):
     # gateway sets its principal; a producer names it, trusted like the rest of the message).
     user: str | None = Field(None, min_length=1, max_length=256)
     callback: Callback | None = None
+    # Set by the gateway for an MCP caller: what of the upstream's messages during the call it listens for.
+    relay: Relay | None = None
 
-    @field_validator("traceparent", "tracestate", "enqueued_at", mode="wrap")
+    @field_validator("traceparent", "tracestate", "enqueued_at", "relay", mode="wrap")
     @classmethod
     def _never_fatal(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        """Tracing fields that do not parse are dropped: a call never fails for its trace context."""
+        """Tracing fields (and a relay) that do not parse are dropped: a call never fails for its trace context,
+        nor for what its caller listens for."""
         try:
             return handler(value)
         except ValidationError:

@@ -9,7 +9,7 @@ import asyncio
 import sys
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ImageContent
 from pydantic import BaseModel
 
@@ -50,7 +50,25 @@ def build(description: str) -> MCPServer:
     def cancelled() -> int:
         return count["cancelled"]
 
+    _speaking(server)
     return server
+
+
+def _speaking(server: MCPServer) -> None:
+    """Tools that speak to the caller during their call: log messages, progress."""
+
+    @server.tool(description="Log one message at each of debug, info, warning and error, then answer.")
+    async def chatty(ctx: Context) -> str:
+        for level in ("debug", "info", "warning", "error"):
+            await ctx.log(level, f"a {level} message", logger_name="chatty")
+        return "said"
+
+    @server.tool(description="Take `steps` steps of `seconds` each, reporting progress after each.")
+    async def steps(steps: int, seconds: float, ctx: Context) -> str:
+        for step in range(1, steps + 1):
+            await asyncio.sleep(seconds)
+            await ctx.report_progress(step, steps, f"Step {step} of {steps} done.")
+        return f"{steps} steps"
 
 
 def main() -> None:

@@ -24,11 +24,13 @@ from worker.call.job import Answer, Job
 from worker.call.mcp_authorization import step_up
 from worker.call.mcp_server import server_spec
 from worker.call.mcp_task import runs_as_task, task_answer
+from worker.call.relay import CallEvents
 from worker.call.retries import backoff_s
 from worker.call.runtime import Runtime
 from worker.http.transport import PreparedRequest
 from worker.mcp_client.challenges import Challenged
 from worker.mcp_client.failures import Unsent
+from worker.mcp_client.relay import CallRelay
 from worker.mcp_client.spec import ServerSpec
 from worker.mcp_client.tasks import TasksRequired
 
@@ -39,6 +41,7 @@ class McpTool:
     async def answer(self, job: Job, runtime: Runtime) -> Answer:
         request: PreparedRequest | None = None
         attempts = 0
+        relay = relay_of(job, runtime)
         try:
             async with Turn(runtime.turns(job.upstream), job.upstream, job.deadline, job.call.tenant) as turn:
                 spec, request = await server_spec(
@@ -57,7 +60,7 @@ class McpTool:
                     while True:
                         attempts += 1
                         try:
-                            result = await _attempt(job, runtime, spec, turn)
+                            result = await _attempt(job, runtime, spec, turn, relay)
                             break
                         except (Unsent, errors.ToolError) as exc:
                             error = exc.error if isinstance(exc, Unsent) else exc
@@ -68,20 +71,43 @@ class McpTool:
                                 raise error from exc
                         await turn.pause(wait_s)
         except errors.ToolError as exc:
-            return Answer(request, attempts=attempts, error=exc)
+            return Answer(request, attempts=attempts, error=exc, note=_note(relay))
+        if relay.visit_url is not None:  # the upstream wanted its page visited: the caller is told where
+            return Answer(request, attempts=attempts, error=_visit(job, relay.visit_url), note=_note(relay))
         dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-        return Answer(request, attempts=attempts, mcp=dumped)
+        return Answer(request, attempts=attempts, mcp=dumped, note=_note(relay))
 
 
-async def _attempt(job: Job, runtime: Runtime, spec: ServerSpec, turn: Turn) -> CallToolResult:
-    if runs_as_task(job):
-        return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
-    if time.time() >= job.deadline:
-        raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
+async def _attempt(job: Job, runtime: Runtime, spec: ServerSpec, turn: Turn, relay: CallRelay) -> CallToolResult:
     try:
-        return await runtime.mcp.call_tool(spec, remote_name(job), job.arguments, job.deadline - time.time())
-    except TasksRequired:  # refused unread: the tool runs only as a task (mcp_task.py)
-        return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
+        if runs_as_task(job):
+            return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
+        if time.time() >= job.deadline:
+            raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
+        try:
+            return await runtime.mcp.call_tool(spec, remote_name(job), job.arguments, job.deadline - time.time(), relay)
+        except TasksRequired:  # refused unread: the tool runs only as a task (mcp_task.py)
+            return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
+    finally:
+        await relay.flush()  # what the upstream sent during the call, written before its result
+
+
+def relay_of(job: Job, runtime: Runtime) -> CallRelay:
+    """Where what the upstream sends during the call goes: to the caller through Redis when it listens."""
+    wants = job.call.relay
+    if wants is None or runtime.queue is None:
+        return CallRelay()
+    return CallRelay(CallEvents(runtime.queue, job.call.call_id, job.deadline), wants)
+
+
+def _note(relay: CallRelay) -> str | None:
+    return " ".join(relay.notes) or None
+
+
+def _visit(job: Job, url: str) -> errors.ToolError:
+    return errors.AuthorizationRequired(
+        f"The MCP server behind {job.tool.name} asks that this page be visited first: {url} (then call again)."
+    )
 
 
 def _retry_wait_s(job: Job, failure: Exception, attempts: int) -> float | None:

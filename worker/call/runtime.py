@@ -38,6 +38,7 @@ class Runtime:
         redis: aioredis.Redis | None = None,
         users: UserTokens | None = None,
         mcp: Sessions | None = None,
+        queue: aioredis.Redis | None = None,
     ) -> None:
         self.toolset = toolset
         self.environ = environ
@@ -45,6 +46,8 @@ class Runtime:
         self.transport = transport or HttpTransport(self.policy)
         # Shared state between workers (rate limits); None where no Redis is at hand (unit tests).
         self.redis = redis
+        # The Redis the calls are taken from and answered on (the gateway listens there to a call's events).
+        self.queue = queue or redis
         self.breakers = Breakers()
         self.tokens = TokenCache(redis)
         # End users' tokens (the vault); without keys, tools that act for a user are refused (78).

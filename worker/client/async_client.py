@@ -120,19 +120,21 @@ class AsyncToolClient:
         principal: str | None = None,
         user: str | None = None,
         callback_url: str | None = None,
+        relay: Mapping[str, Any] | None = None,
     ) -> list[str]:
         """Enqueue calls and return their callIds; each call's envelope can be awaited on its own. The
         calls carry the active span's trace context (OpenTelemetry), else `trace` when given; they are
         for `tenant` (the client's own when None), made by `principal` when one is named (the gateway).
         With `callback_url`, each envelope is also POSTed there once published (signed webhooks); raises
-        CallbackRefused (an EgressBlocked) when TOOLWORKER_CALLBACK_ALLOW does not allow it.
+        CallbackRefused (an EgressBlocked) when TOOLWORKER_CALLBACK_ALLOW does not allow it. `relay`: what
+        an MCP upstream sends during a call that the submitter listens for (protocol.Relay).
         Raises TenantQueueFull, enqueuing none of them, when the tenant has its max_queued calls waiting."""
         check_timeout(timeout)
         if callback_url is not None:
             check_callback(EgressPolicy.parse(get_settings().callback_allow), callback_url)
         tenant = self.tenant if tenant is None else checked_tenant(tenant)
         link = self._link_of(tenant)
-        common = common_fields(timeout, self.replies.stream, trace, tenant, principal, user, callback_url)
+        common = common_fields(timeout, self.replies.stream, trace, tenant, principal, user, callback_url, relay)
         ids = call_ids or [str(uuid.uuid4()) for _ in calls]
         messages = [message(spec, call_id, common, self.keyring) for spec, call_id in zip(calls, ids, strict=True)]
         self.replies.expect(ids, link)

@@ -43,6 +43,7 @@ def common_fields(
     principal: str | None,
     user: str | None,
     callback_url: str | None,
+    relay: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fields every call of one submission carries."""
     now = datetime.now(UTC)
@@ -58,6 +59,7 @@ def common_fields(
         "principal": principal,
         "user": None if user is None else checked_user(user),
         "callback": None if callback_url is None else {"url": callback_url},
+        "relay": dict(relay) if relay else None,
     }
     return common | {key: value for key, value in optional.items() if value is not None}
 

@@ -26,6 +26,7 @@ import structlog
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import LOG_LEVEL_META_KEY
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -42,7 +43,7 @@ from worker.gateway.identity.security import BODY_SCOPE_KEY, Gatekeeper, Guard, 
 from worker.gateway.mcp import code_mode
 from worker.gateway.mcp.back_channel import BACK_CHANNEL_SCOPE_KEY, BackChannelTransport, Replies
 from worker.gateway.mcp.server import McpFront, Options
-from worker.gateway.mcp.sessions import Handshakes, McpSessions
+from worker.gateway.mcp.sessions import Handshakes, McpSessions, handshake_of
 from worker.gateway.rest import document as openapi_document
 from worker.gateway.rest.connections import Connections
 from worker.gateway.rest.operations import error
@@ -79,9 +80,20 @@ class _McpEndpoint:
 
     async def _transport(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = scope.get(BODY_SCOPE_KEY, b"")
-        streamed = b'"progressToken"' in body or b'"tasks/result"' in body or BACK_CHANNEL_SCOPE_KEY in scope
+        streamed = (
+            b'"progressToken"' in body
+            or b'"tasks/result"' in body
+            or BACK_CHANNEL_SCOPE_KEY in scope
+            or _hears_logs(scope, body)
+        )
         transport = self._late.streaming if streamed else self._late.mcp
         await transport.handle_request(scope, receive, send)
+
+
+def _hears_logs(scope: Scope, body: bytes) -> bool:
+    """A request whose client set a log level (its session's, or its own `_meta`'s): its stream carries them."""
+    handshake = handshake_of(scope)
+    return (handshake is not None and handshake.log_level is not None) or LOG_LEVEL_META_KEY.encode() in body
 
 
 def identity(settings: Settings) -> tuple[Gatekeeper, list[Route]]:

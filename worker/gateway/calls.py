@@ -80,6 +80,8 @@ class CallSpec:
     subject_token: str | None = field(default=None, repr=False)
     # Where the envelope is POSTed once published (worker/queue/webhooks.py).
     callback: str | None = None
+    # What an MCP caller listens for while an MCP upstream answers (protocol.Relay's fields).
+    relay: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ class Calls:
                     principal=who.name,
                     user=who.name,
                     callback_url=spec.callback,
+                    relay=spec.relay,
                 )
         except BaseException:  # not enqueued: the same callId may be sent again
             await self._claims.release(call_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import httpx2
 from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, INVALID_REQUEST, REQUEST_TIMEOUT
+from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, INVALID_REQUEST, REQUEST_TIMEOUT, URL_ELICITATION_REQUIRED
 
 from worker import errors
 
@@ -62,7 +62,17 @@ def _rpc_error(exc: MCPError, server: str) -> errors.ToolError:
         return errors.TimedOut(f"The MCP server {server!r} did not answer in time.")
     if exc.code == CONNECTION_CLOSED:
         return errors.EmptyResponse(f"The connection to the MCP server {server!r} closed before it answered.")
+    if exc.code == URL_ELICITATION_REQUIRED:  # the server's own page (its consent, a login) must be visited first
+        pages = " ".join(_urls(exc.error.data))
+        return errors.AuthorizationRequired(f"{message}. Visit first, then call again: {pages}".rstrip(": "))
     return errors.ToolFailed(message)
+
+
+def _urls(data: object) -> list[str]:
+    """The URLs of a -32042 error's elicitations."""
+    found = data.get("elicitations") if isinstance(data, dict) else None
+    items = found if isinstance(found, list) else []
+    return [str(item["url"]) for item in items if isinstance(item, dict) and isinstance(item.get("url"), str)]
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -22,12 +22,21 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import HEADER_MISMATCH, CallToolResult, Result
+from mcp.types import (
+    HEADER_MISMATCH,
+    CallToolResult,
+    EmptyResult,
+    Result,
+    SetLevelRequest,
+    SetLevelRequestParams,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from worker import errors
 from worker.mcp_client.challenges import Watch
 from worker.mcp_client.failures import Unsent, mapped, session_gone
 from worker.mcp_client.list_changed import OnToolsChanged, held_open, tools_changed_handler
+from worker.mcp_client.relay import CallRelay, InFlight
 from worker.mcp_client.spec import ServerSpec
 from worker.mcp_client.tasks import CancelTask, Created, GetTask, TaskIdParams, TasksRequired, TaskState, UpstreamTasks
 from worker.mcp_client.tasks import tasks_required as _tasks_required
@@ -48,6 +57,7 @@ class Held:
         self.spec = spec
         self.watch = Watch()  # the last 401 or 403 the server answered
         self._on_tools_changed = on_tools_changed
+        self.in_flight = InFlight()
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._task = asyncio.get_running_loop().create_task(self._hold(), name=f"mcp-session-{spec.name}")
@@ -62,7 +72,7 @@ class Held:
     async def _hold(self) -> None:
         try:
             handler = tools_changed_handler(self.spec.name, self._on_tools_changed)
-            async with _client(self.spec, self.watch, handler) as client:
+            async with _client(self.spec, self.watch, self.in_flight.callbacks(), handler) as client:
                 self._ready.set_result(client)
                 await held_open(client, self._stop, handler is not None, self.spec.name)
         except BaseException as exc:
@@ -83,9 +93,10 @@ class Held:
 
 @contextlib.asynccontextmanager
 async def _client(
-    spec: ServerSpec, watch: Watch, message_handler: MessageHandlerFnT | None = None
+    spec: ServerSpec, watch: Watch, callbacks: dict[str, Any], message_handler: MessageHandlerFnT | None = None
 ) -> AsyncIterator[Client]:
-    """The SDK's client of one server, its handshake done."""
+    """The SDK's client of one server, its handshake done; `callbacks` answer what the server asks (relay.py),
+    `message_handler` hears its notifications (list_changed.py)."""
     headers = dict(spec.headers)
     timeout = httpx2.Timeout(spec.timeout_s, connect=spec.connect_timeout_s, read=STREAM_READ_TIMEOUT_S)
     async with contextlib.AsyncExitStack() as stack:
@@ -104,21 +115,28 @@ async def _client(
             read_timeout_seconds=spec.timeout_s,
             message_handler=message_handler,
             extensions=extensions,
+            **callbacks,
         )
         yield await stack.enter_async_context(client)
 
 
-async def _sent(client: Client, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
+async def _sent(
+    client: Client, name: str, arguments: dict[str, Any], timeout_s: float, relay: CallRelay | None = None
+) -> CallToolResult:
     """`tools/call` on the session itself (a third of the client's work per call, measured); a server that
-    wants the tool listed first (HEADER_MISMATCH) is answered through the client, which lists and sends again."""
+    wants the tool listed first (HEADER_MISMATCH) is answered through the client, which lists and sends again.
+    The call's progress goes to its relay, when its caller listens."""
+    progress = relay.progress_callback if relay is not None else None
     try:
-        result = await client.session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+        result = await client.session.call_tool(
+            name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress
+        )
     except MCPError as exc:
         if _tasks_required(exc):
             raise TasksRequired(exc.error.message) from exc
         if exc.code != HEADER_MISMATCH:
             raise
-        return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+        return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress)
     if not isinstance(result, CallToolResult):  # only asked-for shapes (input rounds, claims) differ
         raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
     return result
@@ -177,12 +195,22 @@ class Sessions:
                 raise held.watch.take(spec.name) or mapped(exc, spec.name) from exc
 
     async def call_tool(
-        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
+        self,
+        spec: ServerSpec,
+        name: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        relay: CallRelay | None = None,
     ) -> CallToolResult:
         """`tools/call` on the server's session (a new session and once again when the server lost it);
         a timeout sends `notifications/cancelled` (the SDK's). Unsent: no session could be opened.
-        TasksRequired: the server runs this tool only as a task (refused unread)."""
-        return await self._on_session(spec, lambda client: _sent(client, name, arguments, max(timeout_s, 0.001)))
+        TasksRequired: the server runs this tool only as a task (refused unread). What the server sends during
+        the call goes to `relay` (on a session of the call's own when it needs one)."""
+        relay = relay or CallRelay()
+        if relay.own_session:
+            return await self._call_alone(spec, name, arguments, timeout_s, relay)
+        wait_s = max(timeout_s, 0.001)
+        return await self._on_session(spec, lambda client: _sent(client, name, arguments, wait_s, relay), relay)
 
     async def start_task(
         self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
@@ -204,13 +232,19 @@ class Sessions:
         request = CancelTask(params=TaskIdParams(task_id=task_id))
         await self._on_session(_tasked(spec), lambda c: c.session.send_request(request, Result, max(timeout_s, 0.001)))
 
-    async def _on_session(self, spec: ServerSpec, send: Callable[[Client], Awaitable[T]]) -> T:
-        """One request on the server's session, sent again once on a new session when the server lost it."""
+    async def _on_session(
+        self, spec: ServerSpec, send: Callable[[Client], Awaitable[T]], relay: CallRelay | None = None
+    ) -> T:
+        """One request on the server's session, sent again once on a new session when the server lost it;
+        `relay` is the call's while it is in flight there (the server's requests go to it)."""
         for last in (False, True):
             try:
                 client = await self.client(spec)
             except errors.ToolError as exc:
                 raise Unsent(exc) from exc
+            in_flight = self._held[spec].in_flight.calls if spec in self._held and relay is not None else []
+            if relay is not None:
+                in_flight.append(relay)
             try:
                 return await send(client)
             except TasksRequired:
@@ -224,7 +258,38 @@ class Sessions:
                 if not self._alive(spec) or challenged is not None:
                     await self.forget(spec)
                 raise challenged or mapped(exc, spec.name) from exc
+            finally:
+                if relay in in_flight:
+                    in_flight.remove(relay)
         raise AssertionError("unreachable: the last try returns or raises")
+
+    async def _call_alone(
+        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float, relay: CallRelay
+    ) -> CallToolResult:
+        """`tools/call` on a session opened for this call alone (its log level, the server's requests its own),
+        ended with it."""
+        watch = Watch()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:  # entered in this task (the SDK's task groups must be left by the task that entered them)
+                    async with asyncio.timeout(spec.connect_timeout_s + spec.timeout_s):
+                        client = await stack.enter_async_context(_client(spec, watch, relay.callbacks()))
+                except Exception as exc:
+                    raise watch.take(spec.name) or Unsent(mapped(exc, spec.name)) from exc
+                self.handshakes += 1
+                level = relay.wants.log_level
+                if level is not None and client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+                    with contextlib.suppress(MCPError):  # a server without logging: nothing to hear
+                        # The request itself: the SDK's helper warns that 2026-07-28 dropped it (this server is older).
+                        setting = SetLevelRequest(params=SetLevelRequestParams(level=level))
+                        await client.session.send_request(setting, EmptyResult)
+                # Through the client: a 2026-07-28 server's input rounds are answered by the same callbacks.
+                progress, wait_s = relay.progress_callback, max(timeout_s, 0.001)
+                return await client.call_tool(name, arguments, read_timeout_seconds=wait_s, progress_callback=progress)
+        except (Unsent, errors.ToolError):
+            raise
+        except Exception as exc:
+            raise watch.take(spec.name) or mapped(exc, spec.name) from exc
 
     async def list_tools(self, spec: ServerSpec) -> tuple[str, list[dict[str, Any]]]:
         """The protocol version negotiated and every tool the server lists (every page)."""

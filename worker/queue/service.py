@@ -261,6 +261,7 @@ def build_service(settings: Settings, bundles: redis_store.Bundles | None = None
         policy=policy,
         redis=home,
         users=user_tokens(settings, home),
+        queue=queue,
     )
     deliveries = _deliveries(settings, queue)
     wake = deliveries.wake if deliveries is not None else None

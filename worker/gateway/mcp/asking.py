@@ -94,6 +94,19 @@ def answered(ctx: Context, key: str) -> Answer | None:
 _CONFIRM = {"requestedSchema": CONFIRM_SCHEMA}
 
 
+def asks_by_result(ctx: Context) -> bool:
+    """Whether this client is asked through results (2026-07-28), never by a request during its call."""
+    return _asks_by_result(ctx)
+
+
+def declared(ctx: Context, mode: Literal["form", "url"]) -> bool:
+    return _declared(ctx, mode)
+
+
+def capabilities_of(ctx: Context) -> types.ClientCapabilities | None:
+    return _capabilities(ctx)
+
+
 def _asks_by_result(ctx: Context) -> bool:
     return is_version_at_least(ctx.protocol_version, INPUT_REQUIRED_VERSION)
 

@@ -63,8 +63,11 @@ from worker.gateway.health import FleetUnavailable
 from worker.gateway.identity.principals import LOCAL, Principal, access_token_of, principal_of
 from worker.gateway.mcp import asking, code_mode, discovery
 from worker.gateway.mcp import output as mcp_output
+from worker.gateway.mcp import relay as upstream_relay
 from worker.gateway.mcp.consent import consent_first
+from worker.gateway.mcp.relay import Follow, LogLevels
 from worker.gateway.mcp.results import CALL_META_KEY, text_result, tool_result
+from worker.gateway.mcp.sessions import Handshakes
 from worker.gateway.mcp.task_listen import TaskListen
 from worker.gateway.mcp.tasks import McpTasks, TaskServer
 from worker.queue import approvals
@@ -115,6 +118,7 @@ class McpFront:
         self.page_size = page_size
         self.timeout_s = timeout_s
         self.bus = InMemorySubscriptionBus()
+        self.levels = LogLevels(Handshakes(calls.redis))
         self.front = "mcp"
         self._legacy_session: ServerSession | None = None  # stdio: the one connection, for list_changed
         self._background: set[asyncio.Task[Any]] = set()
@@ -133,6 +137,8 @@ class McpFront:
         # Registered by method: the handlers answer with the wire's dicts (the SDK validates them once).
         server.add_request_handler("tools/list", types.PaginatedRequestParams, self.list_tools)
         server.add_request_handler("tools/call", types.CallToolRequestParams, self.call_tool)
+        # Declares the logging capability: an MCP upstream's log messages reach the caller (relay.py).
+        server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self.levels.set_level)
         if self.tasks is not None:
             self.tasks.install(server, self.call_tool)
         return server
@@ -225,7 +231,10 @@ class McpFront:
             if isinstance(approved_by, dict):  # the question, or the reason nothing was sent
                 return approved_by
             token = _access_token(ctx)
-            spec = CallSpec(name, arguments, headers, call_id, self.timeout_s, trace, principal, approved_by, token)
+            relay = upstream_relay.wanted(ctx, self.levels.level(ctx))
+            spec = CallSpec(
+                name, arguments, headers, call_id, self.timeout_s, trace, principal, approved_by, token, relay=relay
+            )
             task = await self._task(ctx, params, spec)
             if task is not None:
                 return task
@@ -239,7 +248,7 @@ class McpFront:
         except TenantQueueFull as exc:
             return text_result(exc.message, is_error=True)
         try:
-            envelope = await self._envelope(ctx, submitted)
+            envelope = await self._envelope(ctx, submitted, relay)
         except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
             self._spawn(self._withdraw(submitted.call_id, name, submitted.principal.tenant))
             raise
@@ -297,16 +306,24 @@ class McpFront:
             raise ValueError("A task's id is made by the gateway: a task request cannot name a callId.")
         return await self.tasks.create(spec, tool, generation, params)
 
-    async def _envelope(self, ctx: Context, submitted: Submitted) -> ToolResult | None:
-        """The call's envelope, while watching for the client to hang up (HTTP) and reporting progress to
-        a client that asked for it."""
+    async def _envelope(self, ctx: Context, submitted: Submitted, relay: Mapping[str, Any] | None) -> ToolResult | None:
+        """The call's envelope, while watching for the client to hang up (HTTP), reporting progress to a client
+        that asked for it, and relaying what an MCP upstream sends to a client that listens (relay.py)."""
         watchers: list[Coroutine[Any, Any, None]] = []
         if isinstance(ctx.request, Request):
             watchers.append(_hang_up(ctx.request))
+        follow = Follow.of(ctx, self.calls, submitted, relay)
+        if follow is not None:
+            watchers.append(follow.follow())
         if _asked_for_progress(ctx):
-            watchers.append(_report_progress(ctx.session, PROGRESS_EVERY_S))
+            watchers.append(
+                follow.waiting(PROGRESS_EVERY_S) if follow else _report_progress(ctx.session, PROGRESS_EVERY_S)
+            )
         waiting = self.calls.answer(submitted, self.timeout_s)
-        return await (_unless(waiting, watchers) if watchers else waiting)
+        envelope = await (_unless(waiting, watchers) if watchers else waiting)
+        if follow is not None:
+            await follow.drain()
+        return envelope
 
     async def _withdraw(self, call_id: str, tool: str, tenant: str) -> None:
         withdrawn = await self.calls.withdraw(call_id, tool, tenant)

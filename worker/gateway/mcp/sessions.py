@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mcp_types as types
@@ -55,6 +55,8 @@ class Handshake:
     protocol_version: str
     client_info: dict[str, Any]
     capabilities: types.ClientCapabilities
+    # What the client set with `logging/setLevel` since (relay.py); None: it hears no log messages.
+    log_level: str | None = None
 
     def encode(self, principal: str) -> str:
         return json.dumps(
@@ -63,6 +65,7 @@ class Handshake:
                 "protocolVersion": self.protocol_version,
                 "clientInfo": self.client_info,
                 "capabilities": self.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True),
+                **({"logLevel": self.log_level} if self.log_level is not None else {}),
             }
         )
 
@@ -76,7 +79,8 @@ class Handshake:
             return None
         if not isinstance(version, str) or not isinstance(info, dict):
             return None
-        return cls(version, info, capabilities)
+        level = params.get("logLevel")
+        return cls(version, info, capabilities, level if isinstance(level, str) else None)
 
 
 class Handshakes:
@@ -104,6 +108,13 @@ class Handshakes:
 
     async def forget(self, session_id: str) -> None:
         await self._redis.delete(_key(session_id))
+
+    async def set_log_level(self, session_id: str, principal: str, level: str) -> None:
+        """The session's `logging/setLevel` (its calls relay their upstreams' log messages at or above it)."""
+        handshake = await self.recall(session_id, principal)
+        if handshake is not None:
+            updated = replace(handshake, log_level=level)
+            await self._redis.set(_key(session_id), updated.encode(principal), ex=self._ttl_s)
 
 
 class McpSessions:
@@ -156,9 +167,11 @@ def _message(scope: Scope) -> Any:
 
 
 def _can_be_asked(handshake: Handshake, message: Any) -> bool:
-    """A `tools/call` whose client declared elicitation: it may be asked on the call's stream."""
+    """A `tools/call` whose client declared elicitation or sampling: it may be asked on the call's stream
+    (approval, consent, an MCP upstream's own requests: relay.py)."""
     called = isinstance(message, dict) and message.get("method") == "tools/call"
-    return called and handshake.capabilities.elicitation is not None
+    capabilities = handshake.capabilities
+    return called and (capabilities.elicitation is not None or capabilities.sampling is not None)
 
 
 def _key(session_id: str) -> str:

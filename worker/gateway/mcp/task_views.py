@@ -10,6 +10,7 @@ import mcp_types as types
 
 from worker.envelope import ToolResult
 from worker.gateway.calls import Calls
+from worker.gateway.mcp.relay import last_progress
 from worker.gateway.mcp.results import tool_result
 from worker.gateway.mcp.task_store import TaskRecord, now_iso
 
@@ -45,10 +46,12 @@ async def view_of(calls: Calls, record: TaskRecord) -> TaskView:
         return TaskView(record, None)
     envelope = await calls.wait(record.task_id, 0.0)
     if envelope is None and record.status == "working":
-        # A call that waits on a task of its MCP server shows that task's latest status message.
-        upstream = await calls.upstream_status(record.task_id)
-        if upstream:
-            record = record.model_copy(update={"status_message": upstream})
+        # A call that waits on a task of its MCP server shows that task's latest status message; one whose
+        # upstream reports progress, its last progress message.
+        message = await calls.upstream_status(record.task_id) or await last_progress(
+            calls.client.redis_of(record.tenant), record.task_id
+        )
+        record = record if not message else record.model_copy(update={"status_message": message})
     return TaskView(record, envelope)
 
 

@@ -210,7 +210,9 @@ class McpTasks:
         )
         await self.store.create(record)
         # The call may wait and run as long as the task is kept (not the gateway's timeout of a direct call).
-        spec = replace(spec, call_id=task_id, timeout_s=min(ttl_ms / 1000, MAX_CALL_TIMEOUT_S))
+        # Its upstream's progress is relayed all the same: the last message is the task's status (relay.py).
+        timeout_s = min(ttl_ms / 1000, MAX_CALL_TIMEOUT_S)
+        spec = replace(spec, call_id=task_id, timeout_s=timeout_s, relay={"progress": True})
         try:
             submitted = await self.calls.submit(spec)
         except BaseException:
