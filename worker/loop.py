@@ -18,8 +18,11 @@ class LoopThread:
 
     def __init__(self, name: str = "toolworker-loop") -> None:
         self.loop = asyncio.new_event_loop()
+        running = threading.Event()
+        self.loop.call_soon(running.set)  # the loop's first step: it is running from then on
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        running.wait()  # a stop right after the start finds the loop running, and runs its cleanup
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -38,6 +41,8 @@ class LoopThread:
         if cleanup is not None and self.loop.is_running():
             with contextlib.suppress(TimeoutError):  # stopping anyway; the process is going away
                 self.run(cleanup, timeout_s)
+        elif cleanup is not None:
+            cleanup.close()  # a loop already stopped runs nothing more
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
