@@ -6,13 +6,9 @@ an `mcp` SDK server as upstreams, a worker, a gateway, and the `mcp` SDK's `Clie
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -31,29 +27,22 @@ from mcp.types import (
     TextContent,
 )
 
-from tests.conftest import start_worker, stop_worker
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
-from tests.support.mcp_servers import EVERYTHING, McpServerProcess, everything, sdk_server
+from tests.support.mcp_servers import (
+    EVERYTHING,
+    McpServerProcess,
+    McpStack,
+    everything,
+    mcp_stack,
+    sdk_server,
+    serving_worker,
+)
 from tests.support.waiting import wait_until
 from worker.client import ToolClient
-from worker.dev.embedded import EmbeddedRedis
 from worker.protocol import Relay, parse_call
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.integration]
 MODERN = "2026-07-28"
-
-
-@dataclass
-class Stack:
-    redis: EmbeddedRedis
-    definitions: Path
-    env: dict[str, str]
-    log_path: Path
-
-
-def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "worker", *args]
-    return subprocess.run(argv, env=stack.env, capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +58,7 @@ def upstreams() -> Iterator[tuple[McpServerProcess, McpServerProcess]]:
 @pytest.fixture(scope="module")
 def stack(
     upstreams: tuple[McpServerProcess, McpServerProcess], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
+) -> Iterator[McpStack]:
     ref, sdk = upstreams
     folder = tmp_path_factory.mktemp("relay-defs")
     (folder / "mcp.yaml").write_text(
@@ -77,29 +66,19 @@ def stack(
         f"  everything: {{mcp: {{url: '{ref.url}', include: ['echo', 'trigger-*']}}}}\n"
         f"  sdk: {{mcp: {{url: '{sdk.url}'}}}}\n"
     )
-    redis = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
-    env.update(TOOLWORKER_REDIS_URL=redis.url, TOOLWORKER_DEFINITIONS=str(folder), TOOLWORKER_METRICS_PORT="0")
-    stack = Stack(redis, folder, env, tmp_path_factory.mktemp("logs") / "worker.log")
-    for name in ("everything", "sdk"):
-        refreshed = cli(stack, "upstreams", "refresh", name)
-        assert refreshed.returncode == 0, refreshed.stderr
+    stack = mcp_stack(folder, tmp_path_factory, ("everything", "sdk"))
     yield stack
-    redis.stop()
+    stack.redis.stop()
 
 
 @pytest.fixture(scope="module")
-def worker_client(stack: Stack) -> Iterator[ToolClient]:
-    process = start_worker(stack.env, stack.log_path)
-    with ToolClient(stack.redis.url) as client:
-        first = client.call("everything_echo", {"message": "warm-up"}, timeout=90)
-        assert first.exit_code == 0, (first.to_dict(), stack.log_path.read_text()[-3000:])
+def worker_client(stack: McpStack) -> Iterator[ToolClient]:
+    with serving_worker(stack) as client:
         yield client
-    stop_worker(process)
 
 
 @pytest.fixture(scope="module")
-def gateway(stack: Stack, worker_client: ToolClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(stack: McpStack, worker_client: ToolClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     env = gateway_env(stack.redis.url, stack.definitions)
     started = start_gateway(env, tmp_path_factory.mktemp("gateway") / "gateway.log")
     yield started
@@ -342,7 +321,9 @@ def test_a_tasks_status_message_is_its_upstreams_last_progress(gateway: Gateway)
     assert any(message.startswith("Step ") and message.endswith(" of 3 done.") for message in messages), messages
 
 
-async def test_over_stdio_a_caller_hears_logs_and_answers_the_upstream(stack: Stack, worker_client: ToolClient) -> None:
+async def test_over_stdio_a_caller_hears_logs_and_answers_the_upstream(
+    stack: McpStack, worker_client: ToolClient
+) -> None:
     """`python -m worker mcp` on stdio (one client, its level kept by the process): log messages at the level
     set, and the upstream's elicitation asked of the client on the connection."""
     heard: list[LoggingMessageNotificationParams] = []

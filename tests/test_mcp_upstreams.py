@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
@@ -18,9 +14,19 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, ImageContent, TextContent
 
-from tests.conftest import start_worker, stop_worker
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
-from tests.support.mcp_servers import EVERYTHING, McpServerProcess, demo_desk, everything, everything_sse, sdk_server
+from tests.support.mcp_servers import (
+    EVERYTHING,
+    McpServerProcess,
+    McpStack,
+    cli,
+    demo_desk,
+    everything,
+    everything_sse,
+    mcp_stack,
+    sdk_server,
+    serving_worker,
+)
 from tests.support.waiting import wait_until
 from worker import errors
 from worker.call.run import run_call
@@ -30,7 +36,6 @@ from worker.definitions import file_store
 from worker.definitions.mcp_tools import Listing, accepted, catalog_name, merged, tool_of, with_listings
 from worker.definitions.model import McpServer, RetryPolicy, Source, ToolSet, Upstream
 from worker.definitions.templates import Template
-from worker.dev.embedded import EmbeddedRedis
 from worker.envelope import ToolResult
 from worker.mcp_client.failures import Unsent
 from worker.protocol import ToolCall
@@ -94,19 +99,6 @@ def test_pin_withholds_a_changed_tool_until_accepted() -> None:
     assert later.tools["add"] == new["add"] and set(later.pending) == {"new"}
 
 
-@dataclass
-class Stack:
-    redis: EmbeddedRedis
-    definitions: Path
-    env: dict[str, str]
-    log_path: Path
-
-
-def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "worker", *args]
-    return subprocess.run(argv, env=stack.env, capture_output=True, text=True, timeout=60, check=False)
-
-
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[McpServerProcess, ...]]:
     if not EVERYTHING.exists():
@@ -118,7 +110,7 @@ def servers() -> Iterator[tuple[McpServerProcess, ...]]:
 
 
 @pytest.fixture(scope="module")
-def stack(servers: tuple[McpServerProcess, ...], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(servers: tuple[McpServerProcess, ...], tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpStack]:
     ref, sdk, desk, sse = servers
     folder = tmp_path_factory.mktemp("mcp-defs")
     (folder / "mcp.yaml").write_text(
@@ -128,30 +120,20 @@ def stack(servers: tuple[McpServerProcess, ...], tmp_path_factory: pytest.TempPa
         f"  desk: {{mcp: {{url: '{desk.url}'}}}}\n"
         f"  legacy: {{mcp: {{url: '{sse.url}', transport: sse, include: [echo]}}}}\n"
     )
-    redis = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
-    env.update(TOOLWORKER_REDIS_URL=redis.url, TOOLWORKER_DEFINITIONS=str(folder), TOOLWORKER_METRICS_PORT="0")
-    env.update(TOOLWORKER_STORE_POLL_SECONDS="0.5")
-    stack = Stack(redis, folder, env, tmp_path_factory.mktemp("logs") / "worker.log")
-    for name in ("everything", "sdk", "desk", "legacy"):
-        refreshed = cli(stack, "upstreams", "refresh", name)
-        assert refreshed.returncode == 0, refreshed.stderr
+    upstreams = ("everything", "sdk", "desk", "legacy")
+    stack = mcp_stack(folder, tmp_path_factory, upstreams, TOOLWORKER_STORE_POLL_SECONDS="0.5")
     yield stack
-    redis.stop()
+    stack.redis.stop()
 
 
 @pytest.fixture(scope="module")
-def worker_client(stack: Stack) -> Iterator[ToolClient]:
-    process = start_worker(stack.env, stack.log_path)
-    with ToolClient(stack.redis.url) as client:
-        first = client.call("everything_echo", {"message": "warm-up"}, timeout=90)
-        assert first.exit_code == 0, (first.to_dict(), stack.log_path.read_text()[-3000:])
+def worker_client(stack: McpStack) -> Iterator[ToolClient]:
+    with serving_worker(stack) as client:
         yield client
-    stop_worker(process)
 
 
 @pytest.mark.integration
-def test_the_listing_is_shown_by_upstreams_and_tools(stack: Stack) -> None:
+def test_the_listing_is_shown_by_upstreams_and_tools(stack: McpStack) -> None:
     """`toolworker upstreams` shows each kind, protocol and tool count; `tools` lists the prefixed names."""
     listed = cli(stack, "upstreams")
     assert listed.returncode == 0, listed.stderr
@@ -201,7 +183,7 @@ def test_the_server_killed_and_restarted_under_load(
 
 @pytest.mark.integration
 def test_a_changed_tool_with_pin_is_withheld_until_accepted(
-    stack: Stack, worker_client: ToolClient, servers: tuple[McpServerProcess, ...]
+    stack: McpStack, worker_client: ToolClient, servers: tuple[McpServerProcess, ...]
 ) -> None:
     """The server restarted with a new description: audited, the old text served until `accept`."""
     sdk = servers[1]
@@ -222,7 +204,7 @@ def test_a_changed_tool_with_pin_is_withheld_until_accepted(
 
 
 @pytest.fixture(scope="module")
-def gateway(stack: Stack, worker_client: ToolClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(stack: McpStack, worker_client: ToolClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     env = gateway_env(stack.redis.url, stack.definitions, TOOLWORKER_STORE_POLL_SECONDS="0.5")
     started = start_gateway(env, tmp_path_factory.mktemp("gateway") / "gateway.log")
     yield started
@@ -340,16 +322,18 @@ def test_a_server_on_the_legacy_sse_transport(worker_client: ToolClient) -> None
 
 
 @pytest.mark.integration
-def test_upstreams_reads_the_published_definitions_with_the_redis_store(stack: Stack) -> None:
+def test_upstreams_reads_the_published_definitions_with_the_redis_store(stack: McpStack) -> None:
     """With TOOLWORKER_STORE=redis, `toolworker upstreams` lists the published version's upstreams."""
-    published = Stack(stack.redis, stack.definitions, {**stack.env, "TOOLWORKER_STORE": "redis"}, stack.log_path)
+    published = McpStack(stack.redis, stack.definitions, {**stack.env, "TOOLWORKER_STORE": "redis"}, stack.log_path)
     assert cli(published, "publish", str(stack.definitions)).returncode == 0
     listed = cli(published, "upstreams")
     assert listed.returncode == 0 and "legacy" in listed.stdout and "desk" in listed.stdout, listed.stderr
 
 
 @pytest.mark.integration
-def test_a_server_down_at_a_refresh_keeps_its_last_tools(stack: Stack, servers: tuple[McpServerProcess, ...]) -> None:
+def test_a_server_down_at_a_refresh_keeps_its_last_tools(
+    stack: McpStack, servers: tuple[McpServerProcess, ...]
+) -> None:
     """The refresh fails, the listing says why (unavailable), and the tools listed before are still served."""
     sdk = servers[1]
     sdk.kill()

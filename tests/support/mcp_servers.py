@@ -8,11 +8,16 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from tests.conftest import start_worker, stop_worker
 from tests.support.waiting import wait_until
-from worker.dev.embedded import free_port
+from worker.client import ToolClient
+from worker.dev.embedded import EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERYTHING = ROOT / ".venv/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
@@ -73,3 +78,45 @@ def demo_desk() -> McpServerProcess:
     port = free_port()
     serve = f"from worker.dev.demo_mcp import serve; serve('127.0.0.1', {port})"
     return McpServerProcess([sys.executable, "-c", serve], port)
+
+
+@dataclass
+class McpStack:
+    """A Redis of the tests' own, definitions naming MCP upstreams, and the environment of the processes
+    (worker, CLI) that serve them."""
+
+    redis: EmbeddedRedis
+    definitions: Path
+    env: dict[str, str]
+    log_path: Path
+
+
+def mcp_stack(definitions: Path, tmp_path_factory: Any, upstreams: Iterable[str], **settings: str) -> McpStack:
+    """A Redis started, and `upstreams` (of `definitions`) refreshed (listed) through the CLI."""
+    redis = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWORKER_")}
+    env.update(TOOLWORKER_REDIS_URL=redis.url, TOOLWORKER_DEFINITIONS=str(definitions), TOOLWORKER_METRICS_PORT="0")
+    env.update(settings)
+    stack = McpStack(redis, definitions, env, tmp_path_factory.mktemp("logs") / "worker.log")
+    for name in upstreams:
+        refreshed = cli(stack, "upstreams", "refresh", name)
+        assert refreshed.returncode == 0, refreshed.stderr
+    return stack
+
+
+def cli(stack: McpStack, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "worker", *args]
+    return subprocess.run(argv, env=stack.env, capture_output=True, text=True, timeout=60, check=False)
+
+
+@contextmanager
+def serving_worker(stack: McpStack) -> Iterator[ToolClient]:
+    """A worker process on the stack, warmed up by one call of `everything_echo`; a client of it."""
+    process = start_worker(stack.env, stack.log_path)
+    try:
+        with ToolClient(stack.redis.url) as client:
+            first = client.call("everything_echo", {"message": "warm-up"}, timeout=90)
+            assert first.exit_code == 0, (first.to_dict(), stack.log_path.read_text()[-3000:])
+            yield client
+    finally:
+        stop_worker(process)
