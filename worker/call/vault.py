@@ -2,6 +2,9 @@
 
     toolworker:vault:conn:<upstream>:<user digest>   {"kid", "nonce", "data"}: the token set, sealed
     toolworker:vault:user:<user digest>              the upstreams a user has connected (a set)
+    toolworker:mcp:lister:<upstream>                 the user whose token lists an MCP upstream that wants a
+                                                     user's token even for that: the first who connected it
+                                                     (a name, never a token); forgotten with their connection
 
 The keys come from TOOLWORKER_VAULT_KEYS (`kid:BASE64(32 bytes)`, comma-separated; worker/sealing.py holds
 the keyring): the first seals, every one opens. A rotation puts a new key in front: a record sealed with an
@@ -32,6 +35,9 @@ log = structlog.get_logger("toolworker.vault")
 
 VAULT_KEY_PREFIX = "toolworker:vault:conn:"
 VAULT_USER_KEY_PREFIX = "toolworker:vault:user:"
+LISTER_KEY_PREFIX = "toolworker:mcp:lister:"
+# Deletes the lister's key only when it names this user (another user who became the lister keeps it).
+_FORGET_LISTER = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +131,8 @@ class Vault:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(record_key(user, upstream))
             pipe.srem(VAULT_USER_KEY_PREFIX + user_digest(user), upstream)
-            removed, _ = await pipe.execute()
+            pipe.eval(_FORGET_LISTER, 1, LISTER_KEY_PREFIX + upstream, user)
+            removed, _, _ = await pipe.execute()
         return bool(removed)
 
     async def connections(self, user: str) -> list[Connection]:
@@ -137,6 +144,17 @@ class Vault:
             if tokens is not None:
                 found.append(Connection(upstream, tokens.scopes, tokens.expires_at))
         return found
+
+
+async def remember_lister(redis: aioredis.Redis, upstream: str, user: str) -> bool:
+    """`user` connected `upstream`: they list it from now on unless someone else does already (True: they do)."""
+    return bool(await redis.set(LISTER_KEY_PREFIX + upstream, user, nx=True))
+
+
+async def lister(redis: aioredis.Redis, upstream: str) -> str | None:
+    """The user whose token lists `upstream` (None: no one connected it, or they disconnected)."""
+    raw = await redis.get(LISTER_KEY_PREFIX + upstream)
+    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 async def audit(redis: aioredis.Redis, event: str, user: str, upstream: str, maxlen: int, **extra: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from worker.call.delegated import UserTokens
 from worker.call.runtime import Runtime
 from worker.definitions import listings
 from worker.definitions.mcp_tools import Listing
@@ -27,8 +28,9 @@ def upstream_work(
     client: aioredis.Redis | None = runtime.redis
     if client is None:
         return []
+    users = UserTokens(client, runtime.users.keyring, None, audit_maxlen)
     refresher = Refresher(
-        client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization
+        client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization, users
     )
 
     runtime.mcp.on_tools_changed = ChangedTools(refresher, defined).changed

@@ -7,10 +7,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from worker.call.delegated import UserTokens
 from worker.call.mcp_authorization import McpAuthorization
+from worker.call.vault import Keyring
 from worker.connections import connect
 from worker.definitions.mcp_tools import Listing
-from worker.definitions.model import ToolSet
+from worker.definitions.model import ToolSet, Upstream
 from worker.http.egress import EgressPolicy
 from worker.http.transport import HttpTransport
 from worker.mcp_client.sessions import Sessions
@@ -44,22 +46,31 @@ class Operator:
         upstream = toolset.upstreams.get(name)
         if upstream is None or upstream.mcp is None:
             raise KeyError(f"there is no MCP upstream named {name!r}")
-        return await self._run(lambda refresher: refresher.refresh(upstream))
+        listing: Listing = await self._run(lambda refresher: refresher.refresh(upstream))
+        return listing
+
+    async def refresh_since(self, upstream: Upstream, noticed: float) -> None:
+        """Make sure a refresh begun at `noticed` or later has read the server (this one, or another process's
+        under the upstream's lock)."""
+        await self._run(lambda refresher: refresher.refresh_since(upstream, noticed))
 
     async def accept(self, name: str, tool: str | None) -> Listing:
-        return await self._run(lambda refresher: refresher.accept(name, tool))
+        listing: Listing = await self._run(lambda refresher: refresher.accept(name, tool))
+        return listing
 
-    async def _run(self, work: Any) -> Listing:
+    async def _run(self, work: Any) -> Any:
         client = connect(self.settings.redis_url)
         sessions = Sessions()
         transport = HttpTransport(EgressPolicy.parse(self.settings.egress_allow), self.settings.dns_server_list)
         try:
             policy = EgressPolicy.parse(self.settings.egress_allow)
-            discovery = McpAuthorization(client, policy, transport)
+            keyring = Keyring.parse(self.settings.vault_keys.get_secret_value())
+            public_url = self.settings.public_url if keyring else None  # as the workers name the fleet's client
+            discovery = McpAuthorization(client, policy, transport, keyring, public_url)
             environ = dict(os.environ)
-            refresher = Refresher(client, sessions, environ, transport, self.settings.audit_stream_maxlen, discovery)
-            listing: Listing = await work(refresher)
-            return listing
+            maxlen = self.settings.audit_stream_maxlen
+            users = UserTokens(client, keyring, None, maxlen)
+            return await work(Refresher(client, sessions, environ, transport, maxlen, discovery, users))
         finally:
             await sessions.close()
             await transport.close()

@@ -17,9 +17,11 @@ import structlog
 from redis.exceptions import RedisError
 
 from worker import errors
-from worker.call.auth import TokenCache, authorize
+from worker.call.auth import TokenCache
+from worker.call.delegated import UserTokens
 from worker.call.mcp_authorization import McpAuthorization
-from worker.call.mcp_server import bare_request, spec_of
+from worker.call.mcp_server import server_spec
+from worker.call.vault import lister
 from worker.constants import MCP_REFRESH_LOCK_PREFIX
 from worker.definitions import listings
 from worker.definitions.mcp_tools import Listing, accepted, kept, merged
@@ -37,7 +39,9 @@ LOCK_WAIT_S = 0.5
 
 @dataclass
 class Refresher:
-    """What a refresh needs: Redis (listings, tokens), the MCP sessions, the environment, the audit's cap."""
+    """What a refresh needs: Redis (listings, tokens), the MCP sessions, the environment, the audit's cap; and
+    the vault (without connect links: a listing's error is no place for one), for an `oauth2_user` upstream,
+    which is listed with the token of the user who connected it first (worker/upstreams/first_user.py)."""
 
     redis: aioredis.Redis
     sessions: Sessions
@@ -45,6 +49,7 @@ class Refresher:
     transport: HttpTransport
     audit_maxlen: int
     authorization: McpAuthorization | None = None
+    users: UserTokens | None = None
 
     async def refresh(self, upstream: Upstream) -> Listing:
         """Read the server's tools now and store the listing; a server that fails keeps its last tools."""
@@ -67,19 +72,24 @@ class Refresher:
 
     async def _listed(self, upstream: Upstream) -> tuple[str, list[dict[str, object]]]:
         deadline = time.time() + upstream.connect_timeout_s + upstream.timeout_s
-        call = ToolCall(call_id=f"refresh:{upstream.name}", tool="tools/list")
-        if self.authorization is not None:
-            upstream = await self.authorization.upstream(upstream, self.environ, deadline)
-        request, _ = await authorize(
-            bare_request(upstream, self.environ),
-            upstream,
-            call,
-            self.environ,
-            TokenCache(self.redis),
-            deadline,
-            self.transport,
+        call = ToolCall(call_id=f"refresh:{upstream.name}", tool="tools/list", user=await self._lister(upstream))
+        tokens = TokenCache(self.redis)
+        spec, _ = await server_spec(
+            upstream, call, self.environ, tokens, deadline, self.transport, self.users, self.authorization
         )
-        return await self.sessions.list_tools(spec_of(upstream, request))
+        return await self.sessions.list_tools(spec)
+
+    async def _lister(self, upstream: Upstream) -> str | None:
+        """The user a listing acts for: the first who connected an `oauth2_user` upstream (none for others)."""
+        if upstream.auth is None or upstream.auth.type != "oauth2_user":
+            return None
+        user = await lister(self.redis, upstream.name)
+        if user is None:
+            raise errors.AuthorizationRequired(
+                "It wants a user's token even to list its tools, and no user has connected it yet: it is listed "
+                "with the token of the first user who does (a call of one of its tools gives them a connect link)."
+            )
+        return user
 
     async def accept(self, upstream: str, tool: str | None) -> Listing:
         """Serve what `pin` withheld (every tool, or the one named by the server's name); KeyError: nothing."""
