@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import httpx2
 import pytest
@@ -26,7 +26,7 @@ from redis import Redis
 from tests.support import redis_scan
 from tests.support.gateway_stack import Gateway, gateway_env, start_gateway
 from tests.support.mcp_servers import McpServerProcess
-from tests.support.oidc import OidcServer
+from tests.support.oidc import OidcServer, consent
 from tests.support.vault_stack import link_in
 from worker.call.connect import ConnectLinks
 from worker.call.delegated import UserTokens
@@ -149,21 +149,6 @@ def call(stack: Stack, upstream_name: str, tool_name: str, user: str) -> ToolRes
             await client.aclose()
 
     return asyncio.run(run())
-
-
-def consent(link: str, login: str) -> tuple[dict[str, list[str]], httpx2.Response]:
-    """A scripted browser: open the connect link, log in as `login` and allow. The query the gateway sent the
-    browser to the authorization server with, and the gateway's last page."""
-    with httpx2.Client(follow_redirects=True, timeout=20) as browser:
-        page = browser.get(link)
-        assert page.status_code == 200 and "/interaction/" in str(page.url), (page.status_code, page.text[:500])
-        authorize = parse_qs(urlsplit(page.history[0].headers["location"]).query)
-        uid = re.search(r"/interaction/([^/?#]+)", str(page.url))
-        assert uid is not None
-        done = browser.post(
-            str(page.url).split("/interaction/")[0] + f"/interaction/{uid.group(1)}", data={"login": login}
-        )
-        return authorize, done
 
 
 def connected(stack: Stack, upstream: str, user: str) -> dict[str, list[str]]:

@@ -4,6 +4,7 @@ Makefile into the venv's `node/` folder) run by tests/support/oidc_server.mjs.""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 import jwt
@@ -132,3 +134,18 @@ class OidcServer:
         now = int(time.time())
         base = {"iss": self.issuer, "aud": self.resource, "sub": client.client_id, "client_id": client.client_id}
         return {**base, "iat": now, "exp": now + 300, "scope": client.scope, "tenant": client.tenant, **changes}
+
+
+def consent(link: str, login: str) -> tuple[dict[str, list[str]], httpx2.Response]:
+    """A scripted browser: open the connect link, log in as `login` and allow. The query the gateway sent the
+    browser to the authorization server with, and the gateway's last page."""
+    with httpx2.Client(follow_redirects=True, timeout=20) as browser:
+        page = browser.get(link)
+        assert page.status_code == 200 and "/interaction/" in str(page.url), (page.status_code, page.text[:500])
+        authorize = parse_qs(urlsplit(page.history[0].headers["location"]).query)
+        uid = re.search(r"/interaction/([^/?#]+)", str(page.url))
+        assert uid is not None
+        done = browser.post(
+            str(page.url).split("/interaction/")[0] + f"/interaction/{uid.group(1)}", data={"login": login}
+        )
+        return authorize, done

@@ -52,6 +52,8 @@ from worker.gateway.rest.upstreams import Upstreams
 from worker.gateway.toolserver import ToolServer
 from worker.heap import settle_heap
 from worker.settings import Settings
+from worker.upstreams.first_user import FirstListing
+from worker.upstreams.operate import Operator
 
 log = structlog.get_logger("toolworker.gateway")
 
@@ -167,7 +169,8 @@ def _routes(calls: Calls, settings: Settings) -> Iterable[Route]:
     yield from Rest(calls, timeout_s).routes()
     yield from Upstreams(calls, settings).routes()
     if calls.delegation is not None:
-        yield from Connections(calls, calls.delegation).routes()
+        first = FirstListing(calls.delegation.vault.redis, Operator(settings).refresh_since)
+        yield from Connections(calls, calls.delegation, first).routes()
     yield from ToolServer(calls, timeout_s, version()).routes()
 
 

@@ -10,6 +10,8 @@
     browser ──GET connect link──▶ gateway ──302 (state, PKCE S256, cookie)──▶ authorization server
     browser ◀──────────── 302 callback?code&state&iss ◀── (the user logs in and consents)
     browser ──GET callback (cookie)──▶ gateway ──code + verifier──▶ token endpoint ──▶ vault ──▶ "connected"
+                                           └─▶ an `oauth2_user` MCP upstream: its listing, in the background, with
+                                               the first connected user's token (worker/upstreams/first_user.py)
 
 The two browser routes and the metadata documents need no bearer token: the link's ticket (single use, for one
 user and upstream) is the credential, and the state is bound to the browser that opened the link by a cookie.
@@ -50,6 +52,7 @@ from worker.gateway.rest.models import (
 from worker.gateway.rest.operations import Answer, Operation, error, served
 from worker.gateway.rest.routes import ERRORS
 from worker.settings import Settings
+from worker.upstreams.first_user import FirstListing
 
 log = structlog.get_logger("toolworker.gateway.connections")
 BINDING_COOKIE = "toolworker_connect"
@@ -72,9 +75,10 @@ register_url_convertor("connection", ConnectionName())
 
 
 class Connections:
-    def __init__(self, calls: Calls, delegation: Delegation) -> None:
+    def __init__(self, calls: Calls, delegation: Delegation, first: FirstListing | None = None) -> None:
         self.calls = calls
         self.delegation = delegation
+        self.first = first
 
     def routes(self) -> list[Route]:
         return served(OPERATIONS, self)
@@ -145,6 +149,8 @@ class Connections:
         except errors.ToolError as exc:
             log.warning("gateway.connect_failed", upstream=upstream.name, user=pending.user, reason=exc.message)
             return _page(400, "The connection could not be made.", exc.message)
+        if self.first is not None:
+            self.first.connected(pending.user, upstream)
         scopes = ", ".join(tokens.scopes) or "its default access"
         response = _page(200, f"Connected {upstream.name}.", f"Calls for {pending.user} may now use it ({scopes}).")
         response.delete_cookie(BINDING_COOKIE, path=CALLBACK_PATH)
