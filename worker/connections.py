@@ -349,18 +349,21 @@ async def execute_replicated(pipe: Pipeline, min_replicas: int | None = None, ra
     writes, else raise NotReplicated.
 
     WAIT goes in the same pipeline: it counts the writes of the connection it is sent on. It asks for every
-    replica the primary had at the last look (ROLE, in the same round trip), at least N: Sentinel may
-    promote any of them, not only the N fastest; a slow one costs the timeout, and N still suffice."""
+    replica the primary had at the last look (ROLE, in the same round trip; before the first write on a
+    pool, on its own), at least N: Sentinel may promote any of them, not only the N fastest; a slow one
+    costs the timeout, and N still suffice."""
     settings = get_settings()
     needed = settings.redis_min_replicas if min_replicas is None else min_replicas
     if needed <= 0:
         return list(await pipe.execute(raise_on_error=raise_on_error))
     timeout_s = settings.redis_min_replicas_timeout_seconds
     pool = pipe.connection_pool
-    pipe.wait(max(needed, _replicas_seen.get(pool, 0)), int(timeout_s * 1000))
+    if pool not in _replicas_seen:  # the first write on this pool: how many replicas there are, asked first
+        _replicas_seen[pool] = replica_count(await aioredis.Redis(connection_pool=pool).role())
+    pipe.wait(max(needed, _replicas_seen[pool]), int(timeout_s * 1000))
     pipe.execute_command("ROLE")
     *replies, acked, role = await pipe.execute(raise_on_error=raise_on_error)
-    _replicas_seen[pool] = len(role[2]) if role and role[0] in (b"master", "master") else 0
+    _replicas_seen[pool] = replica_count(role)
     if acked < needed:
         await _recheck_primary(pool)
         raise NotReplicated(
@@ -368,6 +371,13 @@ async def execute_replicated(pipe: Pipeline, min_replicas: int | None = None, ra
             " (TOOLWORKER_REDIS_MIN_REPLICAS)"
         )
     return replies
+
+
+def replica_count(role: Any) -> int:
+    """How many replicas a primary's ROLE reply names (0 from a replica, or no reply)."""
+    if not role or (role[0].decode() if isinstance(role[0], bytes) else role[0]) != "master":
+        return 0
+    return len(role[2])
 
 
 async def _recheck_primary(pool: Any) -> None:

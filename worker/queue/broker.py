@@ -90,7 +90,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
 from redis.sentinel import Sentinel
 
-from worker.connections import SentinelPool, parse_sentinel_url
+from worker.connections import SentinelPool, parse_sentinel_url, replica_count
 from worker.constants import DEFAULT_TENANT
 from worker.queue import scheduler
 from worker.queue.delivery import PAUSE_AFTER_TAKE_ENV
@@ -262,6 +262,8 @@ class Channel(DecidingChannel):
         connection = self.client.connection
         if connection._sock is not self._reconciled_on or process_holdings().stale:
             self._reconcile(leases)  # a new socket: a take or an ack may have been lost with the old one
+            if get_settings().redis_min_replicas:  # (maybe a new primary) its replicas, before a take waits for them
+                self._replicas_seen = replica_count(self.client.execute_command("ROLE"))
             self._reconciled_on = connection._sock
         untrusted = process_holdings().next_untrusted()
         if untrusted is not None:  # decided before anything else is taken
@@ -368,8 +370,7 @@ class Channel(DecidingChannel):
     def _read_wait(self, connection: Any) -> int:
         """WAIT's reply, and ROLE's after it (how many replicas the next take waits for)."""
         acked: int = self.client.parse_response(connection, "WAIT")
-        role = self.client.parse_response(connection, "ROLE")
-        self._replicas_seen = len(role[2]) if role and bytes_to_str(role[0]) == "master" else 0
+        self._replicas_seen = replica_count(self.client.parse_response(connection, "ROLE"))
         return acked
 
     def _do_restore_message(
