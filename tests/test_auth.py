@@ -18,6 +18,7 @@ from tests.support.servers import ServerThread
 from worker import errors
 from worker.call.auth import TokenCache, authorize
 from worker.call.rendering import render
+from worker.call.renewal import SEND_MARGIN_S
 from worker.definitions.file_store import unset_settings
 from worker.definitions.model import RequestTemplate, Source, Tool, ToolSet, Upstream
 from worker.definitions.readers.openapi import import_openapi
@@ -168,6 +169,26 @@ async def test_a_token_is_refreshed_ahead_of_its_expiry() -> None:
     clock.now += 0.2  # past it, well before the expiry
     assert await cache.token("k", fetch, clock.now + 5) == "token-2"
     assert await cache.token("k", fetch, clock.now + 5) == "token-2" and fetch.count == 2
+
+
+async def test_a_tokens_lifetime_runs_from_its_request_and_it_is_not_sent_in_its_last_moments() -> None:
+    """A token whose answer took 2 s expires 60 s after its request was sent, not after the answer came; while
+    another worker renews it, one with less than the send margin left is not handed out."""
+    shared, clock = fakeredis.aioredis.FakeRedis(), Clock()
+    sent_at = clock.now
+
+    async def slow() -> Token:
+        clock.now += 2.0  # the token server answers 2 s after the request
+        return Token("token-1", 60)
+
+    cache = TokenCache(shared, clock)
+    cached = await cache.cached("k", slow, clock.now + 5)
+    assert cached.expires_at == sent_at + 60
+    other = TokenCache(shared, clock)
+    await shared.set("k:lock", "1")  # another worker is renewing it
+    clock.now = sent_at + 60 - SEND_MARGIN_S / 2  # within the send margin of its expiry
+    with pytest.raises(errors.TimedOut, match="access token"):
+        await other.token("k", slow, clock.now - 1)
 
 
 @pytest.mark.timeout(10)

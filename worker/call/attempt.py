@@ -70,7 +70,7 @@ class Attempt:
         the upstream would refuse it (and may count the failed authentication); the call renews it."""
         expires_at = self.request.credential_expires_at
         if expires_at and time.time() + SEND_MARGIN_S >= expires_at:
-            raise errors.CredentialExpiring("The user's access token would expire before the upstream received it.")
+            raise errors.CredentialExpiring("The access token would expire before the upstream received it.")
 
     def _record(self, failed: bool) -> None:
         if self.breaker is None:

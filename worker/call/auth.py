@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from worker import errors
 from worker.call.circuit import Clock
 from worker.call.rendering import render_secret
-from worker.call.renewal import REFRESH_AT_SHARE, single_flight
+from worker.call.renewal import REFRESH_AT_SHARE, SEND_MARGIN_S, single_flight
 from worker.definitions.model import Auth, Upstream
 from worker.http.oauth import Token, TokenRequest, fetch_token
 from worker.http.transport import HttpTransport, PreparedRequest
@@ -51,7 +51,8 @@ class CachedToken:
         return self.value != stale and now < self.refresh_at
 
     def usable(self, stale: str | None, now: float) -> bool:
-        return self.value != stale and now < self.expires_at
+        """Whether it may still be sent: it has SEND_MARGIN_S of its life left."""
+        return self.value != stale and now + SEND_MARGIN_S < self.expires_at
 
 
 class TokenCache:
@@ -71,23 +72,29 @@ class TokenCache:
         self, key: str, fetch: Callable[[], Awaitable[Token]], deadline: float, stale: str | None = None
     ) -> str:
         """A token for `key` that is not `stale` (the one an upstream just refused)."""
+        return (await self.cached(key, fetch, deadline, stale)).value
+
+    async def cached(
+        self, key: str, fetch: Callable[[], Awaitable[Token]], deadline: float, stale: str | None = None
+    ) -> CachedToken:
+        """`token`, with its expiry."""
         memo = self._memo.get(key)
         if memo is not None and memo.fresh(stale, self._clock()):
-            return memo.value
+            return memo
         async with self._locks.setdefault(key, asyncio.Lock()):  # one fetch per process at a time
             memo = self._memo.get(key)
             if memo is None or not memo.fresh(stale, self._clock()):
                 memo = self._memo[key] = await self._shared(key, fetch, deadline, stale)
-        return memo.value
+        return memo
 
     async def _shared(
         self, key: str, fetch: Callable[[], Awaitable[Token]], deadline: float, stale: str | None
     ) -> CachedToken:
         if self._redis is None:  # no fleet to share with
-            return self._cached(await fetch())
+            return await self._fetched(fetch)
 
         async def renew(current: CachedToken | None) -> CachedToken:
-            cached = self._cached(await fetch())
+            cached = await self._fetched(fetch)
             record = {"token": cached.value, "expiresAt": cached.expires_at, "refreshAt": cached.refresh_at}
             assert self._redis is not None
             ttl_ms = max(1, int((cached.expires_at - self._clock()) * 1000))
@@ -113,9 +120,13 @@ class TokenCache:
         data = json.loads(raw)
         return CachedToken(data["token"], data["expiresAt"], data["refreshAt"])
 
-    def _cached(self, token: Token) -> CachedToken:
-        now = self._clock()
-        return CachedToken(token.access_token, now + token.expires_in_s, now + REFRESH_AT_SHARE * token.expires_in_s)
+    async def _fetched(self, fetch: Callable[[], Awaitable[Token]]) -> CachedToken:
+        """A new token; its lifetime runs from when its request was sent (the server issued it after that,
+        never before: counted from the answer, a slow answer would make it look longer-lived than it is)."""
+        sent_at = self._clock()
+        token = await fetch()
+        lifetime_s = token.expires_in_s
+        return CachedToken(token.access_token, sent_at + lifetime_s, sent_at + REFRESH_AT_SHARE * lifetime_s)
 
 
 async def authorize(
@@ -144,10 +155,11 @@ async def authorize(
     if user is not None:
         return _credential(request, auth, user), None
     if auth.type == "oauth2_client_credentials":
-        token = await tokens.token(
+        cached = await tokens.cached(
             _token_key(auth, upstream, env), _fetcher(auth, upstream, env, deadline, transport), deadline, stale
         )
-        return _with_header(request, "Authorization", f"Bearer {token}", token), token
+        request = replace(request, credential_expires_at=cached.expires_at)  # checked again just before sending
+        return _with_header(request, "Authorization", f"Bearer {cached.value}", cached.value), cached.value
     return _credential(request, auth, _static(auth, env)), None
 
 
