@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import OTHER_TOKEN, TOKEN, Gateway, auth, gateway_env, start_gateway, wait_listening
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.dev.embedded import EmbeddedRedis
 
 # Generous: the first test may build the side environments (`make task-clients`) in its setup.
@@ -43,8 +43,10 @@ DEFINITIONS = FIXTURES / "tasks"
 HELD_QUEUE = "tasks-held"
 SLOW_CALL_S = 20
 CLIENT_TIMEOUT_S = 5
-# Long enough for a new client process to cancel it while it runs (a client starts in about 3 s here).
+# Long enough for a new client process to cancel it while it runs (a client starts in about 3 s here, far
+# slower on a busy machine: stretched by its load, within the slow tool's 60 s upstream timeout).
 RUNNING_CALL_S = 15
+RUNNING_CALL_MAX_S = 45
 TASK_ID = re.compile(r"^[0-9a-f]{32}$")
 KINDS = ("fastmcp4", "mcp1")
 
@@ -95,7 +97,10 @@ def run_client(python: Path, kind: str, gateway: Gateway, action: str, token: st
     script = CLIENTS / ("fastmcp_tasks_client.py" if kind == "fastmcp4" else "mcp_v1_client.py")
     command = {"url": gateway.url + "/mcp", "token": token, "action": action, "timeout": CLIENT_TIMEOUT_S, **extra}
     done = subprocess.run(
-        [str(python), str(script), json.dumps(command)], capture_output=True, text=True, timeout=SLOW_CALL_S * 4
+        [str(python), str(script), json.dumps(command)],
+        capture_output=True,
+        text=True,
+        timeout=max(SLOW_CALL_S * 4, command["timeout"] + 30),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
@@ -219,13 +224,14 @@ def test_cancel_while_running_is_reported_honestly(task_clients: dict[str, Path]
     """Cancelling a call already running upstream says it could not be stopped: 2026-07-28 keeps the task working
     until it completes; 2025-11-25 marks it cancelled and says the call ran on."""
     marker = f"running-{kind}-{uuid.uuid4().hex[:8]}"
-    started = start(task_clients, kind, stack.a, "slow", {"delay": RUNNING_CALL_S, "marker": marker})
-    wait_until(lambda: stack.upstream.hits_to(f"/slow?delay={RUNNING_CALL_S}&marker={marker}") == 1, timeout_s=30)
+    delay = round(min(scaled(RUNNING_CALL_S), RUNNING_CALL_MAX_S))
+    started = start(task_clients, kind, stack.a, "slow", {"delay": delay, "marker": marker})
+    wait_until(lambda: stack.upstream.hits_to(f"/slow?delay={delay}&marker={marker}") == 1, timeout_s=30)
     cancelled = run_client(task_clients[kind], kind, stack.b, "cancel", **started["handle"])
     if kind == "fastmcp4":
         assert cancelled["status"]["status"] == "working", cancelled
         assert "cannot be stopped" in cancelled["status"]["statusMessage"]
-        fetched = run_client(task_clients[kind], kind, stack.b, "result", timeout=60, **started["handle"])
+        fetched = run_client(task_clients[kind], kind, stack.b, "result", timeout=delay + 45, **started["handle"])
         assert fetched["result"]["isError"] is False
     else:
         assert cancelled["task"]["status"] == "cancelled", cancelled
