@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, Upstream, start_worker, worker_env
+from tests.conftest import FIXTURES, Upstream, start_worker, wait_ready, worker_env
 from tests.support.prometheus import wait_for_sample
 from tests.support.servers import DnsServer
 from tests.support.waiting import wait_until
@@ -52,6 +52,7 @@ def test_two_processes_share_the_work_and_one_metrics_port(
     process = start_worker(env, tmp_path / "worker.log", "--processes", "2")
     try:
         wait_until(lambda: len(children_of(process.pid)) == 2, 30, "two worker processes")
+        wait_ready(process, tmp_path / "worker.log", processes=2)  # both take, not the first one ready alone
         first = children_of(process.pid)
         assert asyncio.run(slow_calls(redis.url, 32)) == [0] * 32
         # Each process keeps its metrics in files named by its pid; the supervisor's port adds them up.
