@@ -24,7 +24,6 @@ from typing import Any
 
 import structlog
 from mcp.server.lowlevel.server import Server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import LOG_LEVEL_META_KEY
 from starlette.applications import Starlette
@@ -33,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from worker import tracing
 from worker.gateway import version
 from worker.gateway.calls import Calls, open_calls
 from worker.gateway.console import open_console
@@ -42,6 +42,7 @@ from worker.gateway.identity.principals import AccessFileError, audience, read_a
 from worker.gateway.identity.security import BODY_SCOPE_KEY, Gatekeeper, Guard, is_loopback, origins
 from worker.gateway.mcp import code_mode
 from worker.gateway.mcp.back_channel import BACK_CHANNEL_SCOPE_KEY, BackChannelTransport, Replies
+from worker.gateway.mcp.plain import PlainCalls
 from worker.gateway.mcp.server import McpFront, Options
 from worker.gateway.mcp.sessions import Handshakes, McpSessions, handshake_of
 from worker.gateway.rest import document as openapi_document
@@ -61,9 +62,10 @@ log = structlog.get_logger("toolworker.gateway")
 class _Late:
     """The MCP transports, built when the app starts (with the Redis clients and the catalog)."""
 
-    mcp: StreamableHTTPSessionManager
-    streaming: StreamableHTTPSessionManager
+    mcp: BackChannelTransport
+    streaming: BackChannelTransport
     sessions: McpSessions
+    plain: PlainCalls | None = None
 
 
 class _McpEndpoint:
@@ -88,8 +90,11 @@ class _McpEndpoint:
             or BACK_CHANNEL_SCOPE_KEY in scope
             or _hears_logs(scope, body)
         )
-        transport = self._late.streaming if streamed else self._late.mcp
-        await transport.handle_request(scope, receive, send)
+        if streamed:
+            return await self._late.streaming.handle_request(scope, receive, send)
+        plain = self._late.plain
+        if plain is None or not await plain(scope, receive, send):
+            await self._late.mcp.handle_request(scope, receive, send)
 
 
 def _hears_logs(scope: Scope, body: bytes) -> bool:
@@ -128,6 +133,8 @@ def create_app(
             server = front.server()
             late.mcp = _transport(server, settings, json_response=True)
             late.streaming = _transport(server, settings, json_response=False)
+            if not tracing.enabled():  # the SDK's span of each request covers the plain calls too when tracing
+                late.plain = PlainCalls(server, front.call_tool, late.mcp)
             replies = Replies(calls.redis, settings.gateway_call_timeout_seconds)
             late.sessions = McpSessions(Handshakes(calls.redis), replies)
             for route in [*_routes(calls, settings), *console.routes()]:
@@ -153,7 +160,7 @@ def create_app(
     return guard
 
 
-def _transport(server: Server[Any], settings: Settings, json_response: bool) -> StreamableHTTPSessionManager:
+def _transport(server: Server[Any], settings: Settings, json_response: bool) -> BackChannelTransport:
     return BackChannelTransport(
         server,
         stateless=True,  # any process answers any request

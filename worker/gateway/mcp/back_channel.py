@@ -100,6 +100,11 @@ class BackChannelTransport(StreamableHTTPSessionManager):
     """The SDK's stateless transport; a request carrying a back channel may send the client requests on its
     event stream, their answers arriving through Redis."""
 
+    @property
+    def lifespan_state(self) -> Any:
+        """What the server's lifespan gave when the transport started (its handlers' `lifespan_context`)."""
+        return self._lifespan_state
+
     async def _handle_stateless_request(
         self, protocol_version_hint: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
