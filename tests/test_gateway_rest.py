@@ -3,11 +3,14 @@ its own OpenAPI document imported into toolworker, and a gateway killed while ca
 
 from __future__ import annotations
 
+import http.client
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import pytest
@@ -37,6 +40,25 @@ def test_call_waits_for_its_envelope(gateway_stack: Stack) -> None:
     assert answer.status_code == 200 and envelope["exitCode"] == 0 and envelope["statusCode"] == 200
     assert envelope["headers"]["Authorization"] == "[redacted]" and envelope["headers"]["x-user-token"] == "[redacted]"
     assert "u-secret-1" not in answer.text and TOKEN not in answer.text
+
+
+def test_an_idle_connection_outlives_a_clients_keep_alive(gateway_stack: Stack) -> None:
+    """A connection left idle for longer than clients keep theirs (httpx: 5 s) still serves the next request on
+    the same socket: the gateway never closes a connection that a pooled client may be sending on."""
+    address = urlsplit(gateway_stack.url)
+    connection = http.client.HTTPConnection(address.hostname or "", address.port, timeout=30)
+    try:
+        ports = []
+        for _ in range(2):
+            connection.request("GET", "/healthz")
+            response = connection.getresponse()
+            response.read()
+            assert response.status in (200, 503)
+            ports.append(connection.sock.getsockname()[1])
+            time.sleep(6)
+        assert ports[0] == ports[1]  # one connection, not a new one
+    finally:
+        connection.close()
 
 
 def test_call_without_waiting_is_202_then_fetched(gateway_stack: Stack) -> None:

@@ -57,6 +57,11 @@ from worker.upstreams.first_user import FirstListing
 from worker.upstreams.operate import Operator
 
 log = structlog.get_logger("toolworker.gateway")
+# How long an idle client connection stays open. Longer than clients keep theirs (httpx, which the mcp SDK's
+# client uses, and aiohttp: 5 s and 15 s), so that a client never sends on a connection the gateway is
+# closing; with uvicorn's 5 s, a pooled connection left idle that long failed its next request (ReadError,
+# which ends an SDK client's whole session). 75 s, as nginx keeps them.
+KEEP_ALIVE_S = 75
 
 
 class _Late:
@@ -248,6 +253,7 @@ def serve(settings: Settings, options: Options, host: str | None = None, port: i
         proxy_headers=False,  # nothing here reads the client's address
         server_header=False,
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     uvicorn.Server(config).run()
     return 0
