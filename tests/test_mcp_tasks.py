@@ -47,6 +47,9 @@ CLIENT_TIMEOUT_S = 5
 # slower on a busy machine: stretched by its load, within the slow tool's 60 s upstream timeout).
 RUNNING_CALL_S = 15
 RUNNING_CALL_MAX_S = 45
+# How long a worker started by a test may take to come up and answer a call queued for it, stretched by the
+# machine's load (15 to 25 s on a busy machine): the call it answers is given as long.
+WORKER_START_S = 60
 TASK_ID = re.compile(r"^[0-9a-f]{32}$")
 KINDS = ("fastmcp4", "mcp1")
 
@@ -203,16 +206,18 @@ def test_cancel_before_start_is_never_sent(task_clients: dict[str, Path], stack:
     assert "never sent" in fastmcp["status"]["statusMessage"]
     assert mcp1["task"]["status"] == "cancelled" and "never sent" in mcp1["task"]["statusMessage"], mcp1
     control = f"control-{uuid.uuid4().hex[:8]}"
-    queued = httpx2.post(
-        f"{stack.a.url}/v1/calls",
-        json={"tool": "held_echo", "arguments": {"item": control}, "wait": False},
-        headers=auth(),
-        timeout=30,
-    )
+    # It waits for the worker started below: the gateway's 20 s for a call could run out before it is up (a
+    # call taken past its deadline is not sent), so it gets as long as the test waits for it.
+    call = {"tool": "held_echo", "arguments": {"item": control}, "timeoutSeconds": round(scaled(WORKER_START_S))}
+    queued = httpx2.post(f"{stack.a.url}/v1/calls", json={**call, "wait": False}, headers=auth(), timeout=30)
     assert queued.status_code == 202, queued.text
     held_worker = start_worker(stack.worker_env, stack.directory / "held-worker.log", "-Q", HELD_QUEUE)
     try:
-        wait_until(lambda: stack.upstream.hits_to(f"/echo/held/{control}") == 1, timeout_s=60)
+        wait_until(
+            lambda: stack.upstream.hits_to(f"/echo/held/{control}") == 1,
+            WORKER_START_S,
+            f"the held worker to send {control}",
+        )
     finally:
         stop_worker(held_worker)
     for item in items.values():

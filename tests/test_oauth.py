@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from tests.conftest import start_worker, stop_worker, worker_env
+from tests.conftest import start_worker, stop_worker, wait_ready, worker_env
 from tests.support.servers import DnsServer, ServerThread
 from worker.client import AsyncToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
@@ -113,11 +113,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, dns_server: DnsServer) -> It
     env.update(TEST_CLOSED_URL=f"http://127.0.0.1:{free_port()}", TOOLWORKER_LOG_LEVEL="DEBUG")
     logs = [directory / f"worker-{i}.log" for i in range(2)]
     workers = [start_worker(env, log) for log in logs]
-    yield Fleet(authority, redis.url, logs)
-    for process in workers:
-        stop_worker(process)
-    redis.stop()
-    server.stop()
+    try:
+        for process, log in zip(workers, logs, strict=True):
+            wait_ready(process, log)  # the calls go to both, not to the first one up (a busy machine starts slowly)
+        yield Fleet(authority, redis.url, logs)
+    finally:
+        for process in workers:
+            stop_worker(process)
+        redis.stop()
+        server.stop()
 
 
 async def waves(url: str, count: int, per_wave: int, gap_s: float) -> list[ToolResult]:
@@ -138,7 +142,8 @@ async def waves(url: str, count: int, per_wave: int, gap_s: float) -> list[ToolR
 def test_one_token_per_lifetime_for_the_fleet(fleet: Fleet) -> None:
     """1,000 calls over three token lifetimes through two workers: none fails, and the token server sees one
     request per lifetime (each after four fifths of the one before)."""
-    asyncio.run(waves(fleet.redis_url, 20, 20, 0.5))  # warm both workers up
+    warm_up = asyncio.run(waves(fleet.redis_url, 20, 20, 0.5))  # warm both workers up
+    assert [r.exit_code for r in warm_up] == [0] * 20  # so a token is current: the gaps start from it
     authority = fleet.authority
     before, unauthorized_before = len(authority.token_requests), authority.unauthorized
     started = time.monotonic()
