@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.waiting import Budget, scaled
 from worker import AsyncToolClient, RedisLost, ToolClient
 from worker.constants import CLIENT_SLACK_S, DEFAULT_QUEUE
 from worker.dev.embedded import EmbeddedRedis
@@ -37,8 +38,10 @@ def doomed_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
 
 def take_enqueued(url: str) -> dict[str, object]:
     """Wait for the client's call message on the queue (BLPOP: no worker there to take it) and return it."""
+    budget, taken = Budget(30), None
     with redis.Redis.from_url(url) as client:
-        taken = client.blpop([DEFAULT_QUEUE], timeout=30)
+        while taken is None and not budget.exhausted():  # a client process starts slowly on a busy machine
+            taken = client.blpop([DEFAULT_QUEUE], timeout=1)
     assert taken is not None, "the call was never enqueued"
     message: dict[str, object] = json.loads(taken[1])
     return message
@@ -91,20 +94,19 @@ def test_cli_call_waiting_when_redis_dies_exits_69_naming_redis(doomed_redis: Em
     env["TOOLWORKER_REDIS_URL"] = doomed_redis.url
     argv = [sys.executable, "-m", "worker", "call", "echo_get", "--arg", "item=x", "--timeout", str(TIMEOUT_S)]
     started = time.monotonic()
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        take_enqueued(doomed_redis.url)
-        kill(doomed_redis)
-        stdout, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-        process.wait()
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        try:  # leaving the block closes the pipes, also when the test fails before reading them
+            take_enqueued(doomed_redis.url)
+            kill(doomed_redis)
+            stdout, stderr = process.communicate(timeout=60)
+        finally:
+            process.kill()
     elapsed_s = time.monotonic() - started
     text = stderr.decode()
     assert process.returncode == 69, (process.returncode, text)
     assert f"lost Redis at redis://127.0.0.1:{doomed_redis.port}/0" in text
     assert "Traceback" not in text and stdout == b""
-    assert elapsed_s < TIMEOUT_S + CLIENT_SLACK_S + MARGIN_S, elapsed_s
+    assert elapsed_s < TIMEOUT_S + CLIENT_SLACK_S + scaled(MARGIN_S), elapsed_s  # start-up slows with the load
 
 
 async def test_a_call_whose_redis_comes_back_in_time_is_answered(doomed_redis: EmbeddedRedis, tmp_path: Path) -> None:

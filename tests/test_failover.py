@@ -35,7 +35,7 @@ from tests.support.sentinel import (
     report,
 )
 from tests.support.servers import DnsServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.client import AsyncToolClient, task_messages
 from worker.connections import connect
 from worker.constants import DEFAULT_QUEUE
@@ -44,7 +44,9 @@ from worker.queue import broker, scheduler
 from worker.queue.holdings import process_holdings
 from worker.queue.leases import HOLDERS_KEY, INFLIGHT_PREFIX, Leases, inflight_key, redelivered
 
-# The issue's bound on the outage: a new call is answered within 15 s of the primary's crash.
+# The issue's bound on the outage: a new call is answered within 15 s of the primary's crash (on a machine with
+# a core to spare: each test stretches it by the machine's load when it starts, as the Sentinels' own timers run
+# late on a busy one).
 NEW_CALL_BUDGET_S = 15.0
 LEASE_S = 2
 
@@ -347,23 +349,22 @@ def test_a_crashed_primary_and_a_failover_back_lose_nothing(sentinel_fleet: Flee
     each kill, by a client and by the gateway (its /healthz 200 again)."""
     cluster = sentinel_fleet.cluster
     first = cluster.server(cluster.primary_port())
+    budget_s = scaled(NEW_CALL_BUDGET_S)
 
     async def scenario() -> tuple[Phase, Phase, CountingClient]:
         client = CountingClient(cluster.url)
         try:
-            away = await through_a_fault(sentinel_fleet, client, lambda: cluster.crash(first), NEW_CALL_BUDGET_S)
+            away = await through_a_fault(sentinel_fleet, client, lambda: cluster.crash(first), budget_s)
             await asyncio.to_thread(cluster.restart_as_replica, first)
-            back = await through_a_fault(
-                sentinel_fleet, client, lambda: cluster.crash_over_to(first), NEW_CALL_BUDGET_S
-            )
+            back = await through_a_fault(sentinel_fleet, client, lambda: cluster.crash_over_to(first), budget_s)
             return away, back, client
         finally:
             await client.aclose()
 
     away, back, client = asyncio.run(scenario())
     assert cluster.primary_port() == first.port
-    check("kill -9 of the primary", away, client, sentinel_fleet, NEW_CALL_BUDGET_S)
-    check("failing back to the first server", back, client, sentinel_fleet, NEW_CALL_BUDGET_S)
+    check("kill -9 of the primary", away, client, sentinel_fleet, budget_s)
+    check("failing back to the first server", back, client, sentinel_fleet, budget_s)
     receipts = upstream_receipts(upstream, away.acknowledged + back.acknowledged)
     report("both failovers", upstream_receipts=dict(Counter(receipts.values())))
     assert {receipts[c] for c in away.acknowledged + back.acknowledged} == {1}
@@ -387,6 +388,7 @@ def test_a_take_the_lagging_replicas_never_got_does_not_run_twice(sentinel_fleet
     cluster = sentinel_fleet.cluster
     primary = cluster.server(cluster.primary_port())
     replicas = [node for node in cluster.servers if node is not primary]
+    budget_s = scaled(NEW_CALL_BUDGET_S)
 
     def lagging_crash() -> float:
         for node in replicas:
@@ -401,7 +403,7 @@ def test_a_take_the_lagging_replicas_never_got_does_not_run_twice(sentinel_fleet
     async def scenario() -> tuple[Phase, CountingClient]:
         client = CountingClient(cluster.url)
         try:
-            return await through_a_fault(sentinel_fleet, client, lagging_crash, NEW_CALL_BUDGET_S), client
+            return await through_a_fault(sentinel_fleet, client, lagging_crash, budget_s), client
         finally:
             await client.aclose()
 
@@ -409,7 +411,7 @@ def test_a_take_the_lagging_replicas_never_got_does_not_run_twice(sentinel_fleet
     receipts = upstream_receipts(upstream, phase.acknowledged + phase.refused)
     twice = sorted(call_id for call_id, count in receipts.items() if count > 1)
     report("lagging replicas, kill -9 of the primary", upstream_receipts=dict(Counter(receipts.values())))
-    check("lagging replicas, kill -9 of the primary", phase, client, sentinel_fleet, NEW_CALL_BUDGET_S)
+    check("lagging replicas, kill -9 of the primary", phase, client, sentinel_fleet, budget_s)
     assert twice == [], f"{len(twice)} calls reached the upstream twice, e.g. {twice[:3]}"
     assert all(receipts[call_id] == 1 for call_id in phase.acknowledged)
 
@@ -427,6 +429,7 @@ def test_a_frozen_primary_is_a_partition_not_a_loss(sentinel_fleet: Fleet) -> No
     the promotion: no call answered twice, nothing lost, and the old primary rejoins as a replica."""
     cluster = sentinel_fleet.cluster
     old = cluster.server(cluster.primary_port())
+    budget_s = scaled(PARTITION_BUDGET_S)
 
     def partition() -> float:
         cluster.freeze(old)
@@ -438,10 +441,10 @@ def test_a_frozen_primary_is_a_partition_not_a_loss(sentinel_fleet: Fleet) -> No
         client = CountingClient(cluster.url)
         try:
             heal = lambda: cluster.thaw(old)  # noqa: E731
-            return await through_a_fault(sentinel_fleet, client, partition, PARTITION_BUDGET_S, heal), client
+            return await through_a_fault(sentinel_fleet, client, partition, budget_s, heal), client
         finally:
             await client.aclose()
 
     phase, client = asyncio.run(scenario())
     cluster.wait_replica(old)
-    check("SIGSTOP of the primary", phase, client, sentinel_fleet, PARTITION_BUDGET_S)
+    check("SIGSTOP of the primary", phase, client, sentinel_fleet, budget_s)

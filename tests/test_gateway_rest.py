@@ -19,6 +19,7 @@ import yaml
 from tests.conftest import start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import HELD_QUEUE, TOKEN, Stack, auth, gateway_env, start_gateway
 from tests.support.servers import DnsServer
+from tests.support.waiting import scaled
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
 
@@ -207,8 +208,17 @@ def test_killed_gateway_restarted_answers_the_queued_calls(
     directory = tmp_path_factory.mktemp("restart")
     gateway = start_gateway(gateway_env(gateway_stack.redis.url), directory / "gateway.log")
     items = [f"held-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    # Deadlines long enough for the held worker started below, which starts slowly on a busy machine.
+    timeout_s = round(scaled(60))
     bodies = [
-        {"tool": "held_echo", "arguments": {"item": item}, "callId": f"call-{item}", "wait": False} for item in items
+        {
+            "tool": "held_echo",
+            "arguments": {"item": item},
+            "callId": f"call-{item}",
+            "wait": False,
+            "timeoutSeconds": timeout_s,
+        }
+        for item in items
     ]
     for body in bodies:
         queued = httpx2.post(f"{gateway.url}/v1/calls", json=body, headers=auth(), timeout=30)
@@ -220,11 +230,15 @@ def test_killed_gateway_restarted_answers_the_queued_calls(
         envelopes = []
         for body in bodies:
             fetched = httpx2.get(
-                f"{restarted.url}/v1/calls/{body['callId']}?waitSeconds=30", headers=auth(), timeout=60
+                f"{restarted.url}/v1/calls/{body['callId']}?waitSeconds={timeout_s}",
+                headers=auth(),
+                timeout=timeout_s + 30,
             )
             assert fetched.status_code == 200, fetched.text
             envelopes.append(fetched.json())
-            again = httpx2.post(f"{restarted.url}/v1/calls", json={**body, "wait": True}, headers=auth(), timeout=60)
+            again = httpx2.post(
+                f"{restarted.url}/v1/calls", json={**body, "wait": True}, headers=auth(), timeout=timeout_s + 30
+            )
             assert again.status_code == 200 and again.json() == fetched.json()
     finally:
         restarted.stop()
