@@ -25,7 +25,7 @@ from tests.conftest import FIXTURES, start_worker, stop_worker, worker_env
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway, text_of, wait_listening
 from tests.support.openapi_gen import write_spec
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, make_upstream
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.definitions import file_store
 from worker.definitions.signatures import signature
 from worker.dev.embedded import EmbeddedRedis
@@ -270,15 +270,17 @@ def test_cancelling_a_program_task_withdraws_its_calls(code_stack: CodeStack, ki
     (40 calls of 5 s, 8 at a time: most are queued when the cancel comes, a new client process later)."""
     subprocess.run(["make", "-s", "task-clients"], cwd=ROOT, check=True, capture_output=True, timeout=900)
     marker = uuid.uuid4().hex[:8]
-    code = f"import asyncio\nawait asyncio.gather(*[tools.slow_item(delay=5, tag='{marker}') for i in range(40)])"
+    # 5 s calls, longer while the machine is busy: the cancelling client process must start before they end.
+    delay = min(round(scaled(5)), 8)  # within the tool's 10 s timeout
+    code = f"import asyncio\nawait asyncio.gather(*[tools.slow_item(delay={delay}, tag='{marker}') for i in range(40)])"
     started = task_step(kind, code_stack, "start", tool="run_code", arguments={"code": code})
     created = started["created"]
     task_id = created["taskId"] if kind == "fastmcp4" else created["task"]["taskId"]
-    slow = f"/slow?delay=5&tag={marker}"
+    slow = f"/slow?delay={delay}&tag={marker}"
     wait_until(lambda: code_stack.upstream.hits_to(slow) > 0, timeout_s=30, what="the first calls")
     cancelled = task_step(kind, code_stack, "cancel", tool="run_code", created=created, taskId=task_id)
     assert "error" not in cancelled, cancelled
     task = cancelled["status"] if kind == "fastmcp4" else cancelled["task"]
     assert task["status"] == "cancelled", task
-    time.sleep(6)  # the calls that had started end; none of the withdrawn ones starts after them
+    time.sleep(delay + 1)  # the calls that had started end; none of the withdrawn ones starts after them
     assert 0 < code_stack.upstream.hits_to(slow) < 40

@@ -12,12 +12,18 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.waiting import scaled
 from worker.dev.embedded import free_port, server_binary
 
 pytestmark = pytest.mark.integration
 
 PASSWORD = "s3cret-pw-0417"
 BOUND_S = 10.0  # the connect timeout is 5 s; the old behaviour was 73 s to forever
+
+
+def bound_s() -> float:
+    """BOUND_S with the command's start-up, which a busy machine slows; never as long as the old behaviour."""
+    return min(scaled(BOUND_S), 60.0)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +61,7 @@ def toolworker(url: str, *argv: str) -> tuple[int, str, float]:
 def test_a_wrong_password_says_authentication_failed(locked_server: int, command: list[str]) -> None:
     """A wrong password ends the command within seconds with 69, "authentication failed", the password masked."""
     code, stderr, took_s = toolworker(f"redis://:wrong-{PASSWORD}@127.0.0.1:{locked_server}/0", *command)
-    assert code == 69 and took_s < BOUND_S
+    assert code == 69 and took_s < bound_s()
     assert "authentication failed" in stderr and PASSWORD not in stderr and "***" in stderr
 
 
@@ -69,5 +75,5 @@ def test_a_missing_password_says_authentication_failed(locked_server: int) -> No
 def test_nothing_listening_is_said_in_one_line(command: list[str]) -> None:
     """A port where nothing listens ends the command within the connect timeout with a one-line reason."""
     code, stderr, took_s = toolworker(f"redis://127.0.0.1:{free_port()}/0", *command)
-    assert code == 69 and took_s < BOUND_S
+    assert code == 69 and took_s < bound_s()
     assert "cannot reach Redis at redis://127.0.0.1:" in stderr and len(stderr.strip().splitlines()) == 1

@@ -173,6 +173,9 @@ def test_a_worker_killed_while_it_polls_is_replaced_by_one_that_polls_the_same_t
             handle = client.submit("fm_brew", {"seconds": 6}, timeout=90)
             wait_until(lambda: stack.recorded(handle.call_id), 30, "the upstream task recorded")
             assert stack.lines("brew").count("start brew") == before + 1
+            # The task is recorded before the worker's log line about it is written.
+            said = lambda name: stack.said(name, "mcp.task_started", handle.call_id)  # noqa: E731
+            wait_until(lambda: any(said(name) for name in workers), 30, "a worker's log line of the task")
             polling = next(name for name in workers if stack.said(name, "mcp.task_started", handle.call_id))
             workers[polling].send_signal(signal.SIGKILL)
             workers[polling].wait(10)
@@ -260,6 +263,7 @@ def test_the_gateway_s_tasks_cancel_cancels_the_upstream_task(stack: Stack, gate
     seen = run_task_client(gateway, "cancel", tool="fm_brew", created=created)
     assert seen["cancelled"] is True and seen["status"]["status"] == "cancelled", seen
     wait_until(lambda: stack.lines("brew").count("cancelled brew") > before, 30, "the server's tool body cancelled")
+    wait_until(lambda: stack.cancels("cancelled") > sent, 30, "the worker's log line of its tasks/cancel")
     assert stack.cancels("cancelled") == sent + 1
 
 
