@@ -3,8 +3,9 @@
 Most MCP traffic through the gateway is one shape: a 2026-07-28 POST, no session, one `tools/call` that
 asks for no stream (no progress, no log messages, no task status). The SDK's modern entry gives each such
 request a runner, a middleware chain, an anyio cancel scope and four pydantic passes (the JSON-RPC
-envelope in, the params, the result against the revision's surface, the envelope out); through one gateway
-process that made an MCP call cost 60% more CPU than the same call over REST (benchmarks/README.md).
+envelope in, the params, the result against the revision's surface, the envelope out): an MCP call cost
+the gateway a third to a half more CPU than the same call over REST, a quarter of it in that path
+(benchmarks/README.md). Tracing on, the SDK's path serves every request (its span covers them).
 
 Here that shape is answered by the same handler (McpFront.call_tool, through the same context the SDK
 would build: its Connection, ServerSession and dispatch context), after the SDK's own checks of what such
