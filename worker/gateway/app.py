@@ -79,7 +79,8 @@ class _McpEndpoint:
     Two of them: answers as plain JSON (no stream to set up: a quarter less CPU a call), and, for a
     request that asks for progress or waits for a task's end (`tasks/result`, whose stream carries
     `notifications/tasks/status`) or whose client may be asked during it (back_channel.py), as an event
-    stream that can carry it."""
+    stream that can carry it. Of the first kind, a 2026-07-28 client's plain `tools/call` is answered by the
+    same handler without the SDK's per-request runner (plain.py)."""
 
     def __init__(self, late: _Late) -> None:
         self._late = late
