@@ -6,6 +6,8 @@ an `mcp` SDK server as upstreams, a worker, a gateway, and the `mcp` SDK's `Clie
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import sys
 import warnings
 from collections.abc import Iterator
@@ -189,6 +191,64 @@ def test_upstream_log_messages_at_the_callers_level(gateway: Gateway, mode: str)
     ], heard
 
 
+@pytest.fixture(scope="module")
+def second_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """Another gateway process on the same Redis."""
+    started = start_gateway(gateway.env, tmp_path_factory.mktemp("gateway-2") / "gateway.log")
+    yield started
+    started.stop()
+
+
+def modern_call(url: str, name: str, params: dict[str, Any], capabilities: dict[str, Any]) -> dict[str, Any]:
+    """One 2026-07-28 `tools/call` as plain HTTP (no SDK: each round goes where the test sends it)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+    }
+    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": name, **params, "_meta": meta}}
+    headers = {
+        **auth(),
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": name,
+    }
+    answer = httpx2.post(url + "/mcp", json=body, headers=headers, timeout=60)
+    assert answer.status_code == (400 if "error" in answer.json() else 200), answer.text  # -32602 is a 400
+    return dict(answer.json())
+
+
+def test_a_2026_caller_answers_the_upstream_on_a_retry_that_reaches_another_gateway(
+    gateway: Gateway, second_gateway: Gateway
+) -> None:
+    """The upstream's sampling request ends the first request with `input_required` (its params as the upstream
+    sent them); the retry, sent to the other gateway process, hands the answer to the worker and gets the
+    call's result. A state that is not ours, or a retry with other arguments, is refused."""
+    name, arguments = "everything_trigger-sampling-request", {"prompt": "Name a colour.", "maxTokens": 20}
+    capabilities = {"sampling": {}}
+    first = modern_call(gateway.url, name, {"arguments": arguments}, capabilities)["result"]
+    assert first["resultType"] == "input_required", first
+    [(key, request)] = first["inputRequests"].items()
+    assert request["method"] == "sampling/createMessage", request
+    assert request["params"]["maxTokens"] == 20 and "Name a colour." in json.dumps(request["params"]), request
+    state = first["requestState"]
+    another = {"call": "a-call-nobody-made", "after": "0-0", "asked": key}
+    another_state = "toolworker/relay." + base64.urlsafe_b64encode(json.dumps(another).encode()).decode()
+    for params in (
+        {"arguments": {**arguments, "maxTokens": 21}, "requestState": state},
+        {"arguments": arguments, "requestState": another_state},
+        {"arguments": arguments, "requestState": "toolworker/relay.bm90IGpzb24"},
+    ):
+        refused = modern_call(second_gateway.url, name, params, capabilities)
+        assert refused["error"]["code"] == -32602 and "requestState" in refused["error"]["message"], refused
+    answer = {"role": "assistant", "content": {"type": "text", "text": "Vermilion."}, "model": "caller-model"}
+    retry = {"arguments": arguments, "requestState": state, "inputResponses": {key: answer}}
+    final = modern_call(second_gateway.url, name, retry, capabilities)["result"]
+    assert final.get("resultType", "complete") == "complete" and not final["isError"], final
+    said = "\n".join(block["text"] for block in final["content"] if block["type"] == "text")
+    assert "Vermilion." in said and "caller-model" in said, said
+
+
 def test_a_caller_without_a_level_hears_no_log_messages(gateway: Gateway) -> None:
     heard: list[LoggingMessageNotificationParams] = []
 
@@ -199,17 +259,21 @@ def test_a_caller_without_a_level_hears_no_log_messages(gateway: Gateway) -> Non
     assert not result.is_error and heard == [], heard
 
 
-def test_upstream_elicitation_is_asked_of_the_caller_unchanged(gateway: Gateway) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_upstream_elicitation_is_asked_of_the_caller_unchanged(gateway: Gateway, mode: str) -> None:
     """server-everything's form elicitation reaches the caller with its schema as sent (defaults, enum shapes),
-    and the caller's answer is what the tool reports."""
+    and the caller's answer is what the tool reports: on the call's stream (2025-11-25), or as an
+    `input_required` result whose retry carries the answer (2026-07-28)."""
     asked: list[ElicitRequestParams] = []
 
     async def on_elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
         asked.append(params)
         return ElicitResult(action="accept", content={"name": "Ada Lovelace", "check": True, "integer": 7})
 
-    result = asyncio.run(called(gateway, "everything_trigger-elicitation-request", {}, elicitation_callback=on_elicit))
+    name = "everything_trigger-elicitation-request"
+    result = asyncio.run(called(gateway, name, {}, mode, elicitation_callback=on_elicit))
     assert not result.is_error, result
+    assert len(asked) == 1, asked
     assert "Name: Ada Lovelace" in text(result) and "Favorite Integer: 7" in text(result), text(result)
     schema = asked[0].model_dump(by_alias=True)["requestedSchema"]["properties"]
     assert schema["integer"]["default"] == 42 and schema["number"]["default"] == 3.14, schema
@@ -217,15 +281,18 @@ def test_upstream_elicitation_is_asked_of_the_caller_unchanged(gateway: Gateway)
     assert schema["legacyTitledEnum"]["enumNames"][0] == "Cats", schema
 
 
-def test_a_declined_elicitation_reaches_the_upstream(gateway: Gateway) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_declined_elicitation_reaches_the_upstream(gateway: Gateway, mode: str) -> None:
     async def on_elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
         return ElicitResult(action="decline")
 
-    result = asyncio.run(called(gateway, "everything_trigger-elicitation-request", {}, elicitation_callback=on_elicit))
+    name = "everything_trigger-elicitation-request"
+    result = asyncio.run(called(gateway, name, {}, mode, elicitation_callback=on_elicit))
     assert "User declined" in text(result), text(result)
 
 
-def test_upstream_sampling_is_answered_by_the_caller(gateway: Gateway) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_upstream_sampling_is_answered_by_the_caller(gateway: Gateway, mode: str) -> None:
     asked: list[CreateMessageRequestParams] = []
 
     async def on_sample(context: ClientRequestContext, params: CreateMessageRequestParams) -> CreateMessageResult:
@@ -234,7 +301,8 @@ def test_upstream_sampling_is_answered_by_the_caller(gateway: Gateway) -> None:
         return CreateMessageResult(role="assistant", content=answer, model="caller-model", stop_reason="endTurn")
 
     arguments = {"prompt": "What is six times seven?", "maxTokens": 50}
-    result = asyncio.run(called(gateway, "everything_trigger-sampling-request", arguments, sampling_callback=on_sample))
+    name = "everything_trigger-sampling-request"
+    result = asyncio.run(called(gateway, name, arguments, mode, sampling_callback=on_sample))
     assert not result.is_error and "forty-two, from the caller's model" in text(result), text(result)
     assert "caller-model" in text(result), text(result)
     assert asked and asked[0].max_tokens == 50 and "six times seven" in str(asked[0].messages[0].content), asked
@@ -242,17 +310,9 @@ def test_upstream_sampling_is_answered_by_the_caller(gateway: Gateway) -> None:
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_a_caller_that_cannot_be_asked_gets_a_declined_request_and_a_note(gateway: Gateway, mode: str) -> None:
-    """No elicitation declared (2025-11-25), or a 2026-07-28 caller (asked nothing during a call): the
-    upstream's request is declined, and the tool result's note says so."""
-    asked: list[ElicitRequestParams] = []
-
-    async def on_elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
-        asked.append(params)
-        return ElicitResult(action="accept", content={"name": "never asked"})
-
-    kw: dict[str, Any] = {} if mode == "legacy" else {"elicitation_callback": on_elicit}
-    result = asyncio.run(called(gateway, "everything_trigger-elicitation-request", {}, mode, **kw))
-    assert asked == [], asked
+    """No elicitation declared, in either generation: the upstream's request is declined, and the tool
+    result's note says so."""
+    result = asyncio.run(called(gateway, "everything_trigger-elicitation-request", {}, mode))
     assert "User declined" in text(result), text(result)
     assert "cannot be asked during a call, so the request was declined" in text(result), text(result)
 
@@ -276,7 +336,8 @@ def test_an_upstreams_url_required_error_is_67_with_its_url(worker_client: ToolC
     )
 
 
-def test_url_elicitation_is_asked_of_an_mcp_caller_in_url_mode(gateway: Gateway) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_url_elicitation_is_asked_of_an_mcp_caller_in_url_mode(gateway: Gateway, mode: str) -> None:
     asked: list[Any] = []
 
     async def on_elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
@@ -285,7 +346,7 @@ def test_url_elicitation_is_asked_of_an_mcp_caller_in_url_mode(gateway: Gateway)
 
     arguments = {"url": "https://example.com/consent", "message": "Approve access."}
     result = asyncio.run(
-        called(gateway, "everything_trigger-url-elicitation", arguments, elicitation_callback=on_elicit)
+        called(gateway, "everything_trigger-url-elicitation", arguments, mode, elicitation_callback=on_elicit)
     )
     assert "User completed the URL elicitation flow" in text(result), text(result)
     assert asked[0].mode == "url" and asked[0].url == "https://example.com/consent", asked

@@ -262,6 +262,13 @@ class Calls:
         mine = secrets.compare_digest(claim.owner.encode(), principal.name.encode())
         return claim.tool if mine or principal.grant.may("operate") else None
 
+    async def made_by(self, call_id: str, tool: str, arguments: Mapping[str, Any], principal: Principal) -> bool:
+        """Whether `principal` made this call, of this tool with these arguments (within the result TTL)."""
+        claim = await self._claims.get(call_id)
+        if claim is None or claim.tool != tool or claim.fingerprint != fingerprint(tool, arguments):
+            return False
+        return secrets.compare_digest(claim.owner.encode(), principal.name.encode())
+
     async def withdraw(self, call_id: str, tool: str, tenant: str) -> bool:
         """Take a call that has not started off the queue (its tenant's list); its callId is free again
         afterwards."""

@@ -8,9 +8,13 @@ the caller's stream, while the gateway waits for the result.
                     HTTP session, or the stdio connection), the request's log-level `_meta` (2026-07-28)
     requests        `elicitation/create` in a mode the caller declared, `sampling/createMessage` if it declared
                     sampling: sent on the call's stream (stdio, or a 2025-11-25 HTTP session's back channel,
-                    back_channel.py), the caller's answer handed back as it gave it. A 2026-07-28 caller is
-                    asked nothing during a call (its requests carry their own rounds): the upstream's request
-                    is declined, and the tool result's note says so.
+                    back_channel.py), the caller's answer handed back as it gave it. A 2026-07-28 caller
+                    that declared the capability is asked by result: the request ends with an
+                    `input_required` result carrying the upstream's request (its key the worker's id for it)
+                    and a `requestState` naming the call and where its events were read to; its retry, on
+                    any gateway process, hands the answer to the waiting worker and follows the same call
+                    on (`Resume`), the call's owner only. A caller that declared neither is not asked: the
+                    upstream's request is declined, and the tool result's note says so.
 
 A task's caller listens to nobody's stream: its call relays progress all the same, and the last progress
 (its message, else "progress N of M") is the task's status message while it works.
@@ -19,10 +23,13 @@ A task's caller listens to nobody's stream: its call relays progress all the sam
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
@@ -53,6 +60,8 @@ EVENTS_READ_AT_END = 256
 ANSWER_KEEP_S = 300
 # How far back a task's status looks for the last progress message.
 _STATUS_LOOKBACK = 32
+# The `requestState` of a call whose upstream asked its 2026-07-28 caller (then base64url of its JSON).
+STATE_PREFIX = "toolworker/relay."
 
 
 class LogLevels:
@@ -89,7 +98,8 @@ def wanted(ctx: Context, level: str | None) -> dict[str, Any] | None:
     """What this caller listens for during its call (the call message's `relay`); None: nothing."""
     meta = (ctx.params or {}).get("_meta")
     progress = isinstance(meta, Mapping) and meta.get("progressToken") is not None
-    can_ask = not asking.asks_by_result(ctx) and ctx.session.can_send_request
+    # Asked by result (2026-07-28: the request's own capabilities), else on the call's stream.
+    can_ask = asking.asks_by_result(ctx) or ctx.session.can_send_request
     elicitation = [mode for mode in ("form", "url") if can_ask and asking.declared(ctx, mode)]
     capabilities = asking.capabilities_of(ctx)
     sampling = can_ask and capabilities is not None and capabilities.sampling is not None
@@ -113,9 +123,9 @@ class _Reader:
         self._followed: dict[str, tuple[str, asyncio.Queue[Entry]]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def open(self, key: str) -> asyncio.Queue[Entry]:
+    def open(self, key: str, after: str = "0-0") -> asyncio.Queue[Entry]:
         queue: asyncio.Queue[Entry] = asyncio.Queue()
-        self._followed[key] = ("0-0", queue)
+        self._followed[key] = (after, queue)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._read())
         return queue
@@ -154,24 +164,29 @@ def _reader(redis: aioredis.Redis) -> _Reader:
 class Follow:
     """One call's upstream events, relayed to its caller's stream while the gateway waits (see the module)."""
 
-    def __init__(self, ctx: Context, redis: aioredis.Redis, call_id: str, wants: Mapping[str, Any]) -> None:
+    def __init__(
+        self, ctx: Context, redis: aioredis.Redis, call_id: str, wants: Mapping[str, Any], after: str = "0-0"
+    ) -> None:
         self._ctx = ctx
         self._redis = redis
         self._call_id = call_id
         self._key = call_events_key(call_id)
         self._wants = wants
-        self._last_id = "0-0"
+        self._last_id = after  # the events up to here were relayed (by an earlier round, when resumed)
+        self._by_result = asking.asks_by_result(ctx)
         self._queue: asyncio.Queue[Entry] | None = None
         self._sent = 0.0  # the last progress value sent
         self._offset: float | None = None  # what the upstream's progress is shifted by, from its first
         self._asking: set[asyncio.Task[None]] = set()
 
     @classmethod
-    def of(cls, ctx: Context, calls: Calls, submitted: Submitted, wants: Mapping[str, Any] | None) -> Follow | None:
-        """The relay of a call just enqueued whose caller listens; None otherwise."""
+    def of(
+        cls, ctx: Context, calls: Calls, submitted: Submitted, wants: Mapping[str, Any] | None, after: str = "0-0"
+    ) -> Follow | None:
+        """The relay of a call just enqueued (or resumed after `after`) whose caller listens; None otherwise."""
         if wants is None or not submitted.enqueued or submitted.tool.kind != KIND_MCP:
             return None  # only an MCP upstream speaks during a call
-        return cls(ctx, calls.client.redis_of(submitted.principal.tenant), submitted.call_id, wants)
+        return cls(ctx, calls.client.redis_of(submitted.principal.tenant), submitted.call_id, wants, after)
 
     async def waiting(self, every_s: float) -> None:
         """The gateway's own progress (seconds waited), until the upstream reports its own."""
@@ -189,7 +204,7 @@ class Follow:
         """Relay the call's events as they come (read by the process's reader of its Redis); never returns (the
         call's result ends it)."""
         reader = _reader(self._redis)
-        self._queue = reader.open(self._key)
+        self._queue = reader.open(self._key, self._last_id)
         try:
             while True:
                 entry_id, event = await self._queue.get()
@@ -219,6 +234,8 @@ class Follow:
             await self._progress(event)
         elif kind == "log":
             await self._log(event)
+        elif kind == "request" and asking and self._by_result:
+            raise Asked(self._input_required(event))
         elif kind == "request" and asking:
             task = asyncio.get_running_loop().create_task(self._ask(event))
             self._asking.add(task)
@@ -251,6 +268,17 @@ class Follow:
         notification = types.LoggingMessageNotification(params=params)
         await self._ctx.session.send_notification(notification, self._ctx.request_id)
 
+    def _input_required(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """The upstream's request put to a 2026-07-28 caller: its retry brings the answer (`Resume`)."""
+        request_id = str(event.get("id"))
+        state = {"call": self._call_id, "after": self._last_id, "asked": request_id}
+        encoded = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+        return {
+            "resultType": "input_required",
+            "inputRequests": {request_id: {"method": event.get("method"), "params": event.get("params") or {}}},
+            "requestState": STATE_PREFIX + encoded,
+        }
+
     async def _ask(self, event: Mapping[str, Any]) -> None:
         """Ask the caller the upstream's request, and hand its answer (or error) to the waiting worker."""
         request_id = str(event.get("id"))
@@ -261,11 +289,64 @@ class Follow:
             answer = {"error": {"code": exc.error.code, "message": exc.error.message}}
         except ValidationError:
             answer = {"error": {"code": types.INVALID_PARAMS, "message": "The caller's answer was malformed."}}
-        key = call_answer_key(self._call_id, request_id)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.rpush(key, json.dumps(answer))
-            pipe.expire(key, ANSWER_KEEP_S)
-            await pipe.execute()
+        await _hand_back(self._redis, self._call_id, request_id, answer)
+
+
+async def _hand_back(redis: aioredis.Redis, call_id: str, request_id: str, answer: Mapping[str, Any]) -> None:
+    """The caller's answer to the upstream's request, for the worker waiting on it."""
+    key = call_answer_key(call_id, request_id)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.rpush(key, json.dumps(answer))
+        pipe.expire(key, ANSWER_KEEP_S)
+        await pipe.execute()
+
+
+class Asked(Exception):
+    """The call's upstream asked its 2026-07-28 caller something: `result` (input_required) answers the request."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__("input required")
+        self.result = result
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A 2026-07-28 caller's retry after an upstream's request (its `requestState`): the call asked, where its
+    events were relayed to, and the id of the request the retry answers."""
+
+    call_id: str
+    after: str
+    asked: str
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any] | None) -> Resume | None:
+        """The resume a request's `requestState` names; None for another state (or none); raises MCPError for
+        one of ours that is malformed."""
+        state = (params or {}).get("requestState")
+        if not isinstance(state, str) or not state.startswith(STATE_PREFIX):
+            return None
+        try:
+            fields = json.loads(base64.urlsafe_b64decode(state[len(STATE_PREFIX) :].encode()))
+            resume = cls(str(fields["call"]), str(fields["after"]), str(fields["asked"]))
+        except (ValueError, TypeError, KeyError, binascii.Error):
+            raise unknown_state() from None
+        return resume
+
+    async def answer(self, redis: aioredis.Redis, params: Mapping[str, Any]) -> None:
+        """Hand the caller's answer (its `inputResponses` under the request's id) to the waiting worker."""
+        responses = params.get(asking.INPUT_RESPONSES_KEY)
+        response = responses.get(self.asked) if isinstance(responses, Mapping) else None
+        answer: dict[str, Any] = (
+            {"result": dict(response)}
+            if isinstance(response, Mapping)
+            else {"error": {"code": types.INVALID_REQUEST, "message": "The caller gave no answer."}}
+        )
+        await _hand_back(redis, self.call_id, self.asked, answer)
+
+
+def unknown_state() -> MCPError:
+    """A `requestState` that names no call of this caller (forged, expired, another's)."""
+    return MCPError(code=types.INVALID_PARAMS, message="The requestState names no call of this caller.")
 
 
 async def _asked(ctx: Context, method: str, params: Mapping[str, Any]) -> dict[str, Any]:

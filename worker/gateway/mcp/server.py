@@ -60,6 +60,7 @@ from worker.gateway import metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
 from worker.gateway.catalog import Snapshot
 from worker.gateway.health import FleetUnavailable
+from worker.gateway.identity.audit import now_iso
 from worker.gateway.identity.principals import LOCAL, Principal, access_token_of, principal_of
 from worker.gateway.mcp import asking, code_mode, discovery
 from worker.gateway.mcp import output as mcp_output
@@ -221,6 +222,9 @@ class McpFront:
         started = time.perf_counter()
         headers = _request_headers(ctx)
         principal = _principal(ctx)
+        resume = upstream_relay.Resume.of(ctx.params)
+        if resume is not None:
+            return await self._resume(ctx, resume, name, arguments, principal, started)
         asked = await self._consent(ctx, name, principal)
         if asked is not None:
             return asked
@@ -247,10 +251,40 @@ class McpFront:
             return text_result(f"The tool fleet cannot take calls now ({exc}). Try again later.", is_error=True)
         except TenantQueueFull as exc:
             return text_result(exc.message, is_error=True)
+        return await self._answer(ctx, submitted, relay, started)
+
+    async def _resume(
+        self,
+        ctx: Context,
+        resume: upstream_relay.Resume,
+        name: str,
+        arguments: dict[str, Any],
+        principal: Principal,
+        started: float,
+    ) -> dict[str, Any]:
+        """A 2026-07-28 caller's retry with its answer to what the call's upstream asked: the answer handed to
+        the worker, and the same call followed on (only by the principal that made it, with its arguments)."""
         try:
-            envelope = await self._envelope(ctx, submitted, relay)
+            tool = self.calls.resolve(name, principal)
+        except UnknownTool as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {exc.name}") from None
+        if not await self.calls.made_by(resume.call_id, name, arguments, principal):
+            raise upstream_relay.unknown_state()
+        await resume.answer(self.calls.client.redis_of(principal.tenant), ctx.params or {})
+        submitted = Submitted(resume.call_id, tool, True, principal, now_iso(), started)
+        relay = upstream_relay.wanted(ctx, self.levels.level(ctx))
+        return await self._answer(ctx, submitted, relay, started, resume.after)
+
+    async def _answer(
+        self, ctx: Context, submitted: Submitted, relay: Mapping[str, Any] | None, started: float, after: str = "0-0"
+    ) -> dict[str, Any]:
+        """The call's tool result, or what its upstream asks a 2026-07-28 caller (input_required)."""
+        try:
+            envelope = await self._envelope(ctx, submitted, relay, after)
+        except upstream_relay.Asked as asked:  # the call goes on; the caller's retry follows it
+            return asked.result
         except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
-            self._spawn(self._withdraw(submitted.call_id, name, submitted.principal.tenant))
+            self._spawn(self._withdraw(submitted.call_id, submitted.tool.name, submitted.principal.tenant))
             raise
         if envelope is None:
             self.calls.hold(submitted)
@@ -306,13 +340,16 @@ class McpFront:
             raise ValueError("A task's id is made by the gateway: a task request cannot name a callId.")
         return await self.tasks.create(spec, tool, generation, params)
 
-    async def _envelope(self, ctx: Context, submitted: Submitted, relay: Mapping[str, Any] | None) -> ToolResult | None:
+    async def _envelope(
+        self, ctx: Context, submitted: Submitted, relay: Mapping[str, Any] | None, after: str
+    ) -> ToolResult | None:
         """The call's envelope, while watching for the client to hang up (HTTP), reporting progress to a client
-        that asked for it, and relaying what an MCP upstream sends to a client that listens (relay.py)."""
+        that asked for it, and relaying what an MCP upstream sends to a client that listens (relay.py; raises
+        Asked when it asks a 2026-07-28 caller)."""
         watchers: list[Coroutine[Any, Any, None]] = []
         if isinstance(ctx.request, Request):
             watchers.append(_hang_up(ctx.request))
-        follow = Follow.of(ctx, self.calls, submitted, relay)
+        follow = Follow.of(ctx, self.calls, submitted, relay, after)
         if follow is not None:
             watchers.append(follow.follow())
         if _asked_for_progress(ctx):
@@ -393,7 +430,8 @@ class ClientGone(MCPError):
 
 
 async def _unless(waiting: Coroutine[Any, Any, T], watchers: list[Coroutine[Any, Any, None]]) -> T:
-    """What `waiting` gives, unless a watcher ends first (the client hung up): then ClientGone."""
+    """What `waiting` gives, unless a watcher ends first: the client hung up (ClientGone), or an upstream asked
+    (Asked)."""
     main = asyncio.ensure_future(waiting)
     others = [asyncio.ensure_future(watcher) for watcher in watchers]
     try:
@@ -403,6 +441,10 @@ async def _unless(waiting: Coroutine[Any, Any, T], watchers: list[Coroutine[Any,
             task.cancel()
     if not main.done():
         main.cancel()
+        for task in others:
+            error = task.exception() if task.done() and not task.cancelled() else None
+            if isinstance(error, upstream_relay.Asked):
+                raise error
         raise ClientGone()
     return main.result()
 
