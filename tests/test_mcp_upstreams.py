@@ -115,7 +115,7 @@ def stack(servers: tuple[McpServerProcess, ...], tmp_path_factory: pytest.TempPa
     folder = tmp_path_factory.mktemp("mcp-defs")
     (folder / "mcp.yaml").write_text(
         "upstreams:\n"
-        f"  everything: {{mcp: {{url: '{ref.url}', include: ['echo', 'get-*'], exclude: ['get-env']}}}}\n"
+        f"  everything: {{mcp: {{url: '{ref.url}', include: ['echo', 'get-*', 'simulate-*'], exclude: ['get-env']}}}}\n"
         f"  sdk: {{mcp: {{url: '{sdk.url}', pin: true}}, timeout_seconds: 10, connect_timeout_seconds: 1}}\n"
         f"  desk: {{mcp: {{url: '{desk.url}'}}}}\n"
         f"  legacy: {{mcp: {{url: '{sse.url}', transport: sse, include: [echo]}}}}\n"
@@ -156,6 +156,25 @@ def test_calls_reach_the_reference_server_through_a_worker(worker_client: ToolCl
     assert image.exit_code == 0 and "image" in kinds, image.to_dict()
     weather = worker_client.call("everything_get-structured-content", {"location": "New York"}, timeout=60)
     assert weather.exit_code == 0 and set(weather.structured) >= {"temperature", "conditions"}, weather.to_dict()
+
+
+@pytest.mark.integration
+def test_a_2025_11_25_servers_task_tool_runs_as_its_task(stack: McpStack, worker_client: ToolClient) -> None:
+    """server-everything's research tool runs only as a task, in the 2025-11-25 form (`tools/call` with `task`,
+    `tasks/get`, `tasks/result`): answered from its task; one that outlives its call is cancelled there."""
+    done = worker_client.call("everything_simulate-research-query", {"topic": "tides"}, timeout=60)
+    assert done.exit_code == 0 and "# Research Report: tides" in done.result, done.to_dict()
+    handle = worker_client.submit("everything_simulate-research-query", {"topic": "moons"}, timeout=2)
+    late = handle.get(timeout=30)  # the worker's own answer, at the call's deadline
+    assert late.exit_code == 28 and "it was cancelled" in (late.error or {})["message"], late.to_dict()
+    call_id = late.call_id
+
+    def cancelled() -> bool:
+        return any(
+            '"mcp.task_cancelled"' in line and call_id in line for line in stack.log_path.read_text().splitlines()
+        )
+
+    wait_until(cancelled, 30, "the worker's tasks/cancel")
 
 
 @pytest.mark.integration

@@ -38,7 +38,16 @@ from worker.mcp_client.failures import Unsent, mapped, session_gone
 from worker.mcp_client.list_changed import OnToolsChanged, held_open, tools_changed_handler
 from worker.mcp_client.relay import CallRelay, InFlight
 from worker.mcp_client.spec import ServerSpec
-from worker.mcp_client.tasks import CancelTask, Created, GetTask, TaskIdParams, TasksRequired, TaskState, UpstreamTasks
+from worker.mcp_client.tasks import (
+    CancelTask,
+    Created,
+    GetTask,
+    LegacyTasks,
+    TaskIdParams,
+    TasksRequired,
+    TaskState,
+    UpstreamTasks,
+)
 from worker.mcp_client.tasks import tasks_required as _tasks_required
 
 log = structlog.get_logger("toolworker.mcp")
@@ -46,6 +55,8 @@ log = structlog.get_logger("toolworker.mcp")
 STREAM_READ_TIMEOUT_S = 300.0
 # Pages of tools/list read at most (a server whose cursors never end).
 MAX_LIST_PAGES = 100
+# How long a 2025-11-25 server is asked to keep a task past the call's time (its ttl), for a last poll.
+KEEP_TASK_S = 60.0
 T = TypeVar("T")
 
 
@@ -143,8 +154,12 @@ async def _sent(
 
 
 async def _started(client: Client, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult | Created:
-    """`tools/call` that may be answered with a task (the extension's claim, returned as it came)."""
+    """`tools/call` that may be answered with a task (the extension's claim, returned as it came; a 2025-11-25
+    server's `CreateTaskResult`, its task kept as long as the call may last)."""
     session = client.session
+    legacy = _legacy_tasks(client)
+    if legacy is not None:
+        return await legacy.start(name, arguments, timeout_s, ttl_ms=round((timeout_s + KEEP_TASK_S) * 1000))
     try:
         result = await session.call_tool(name, arguments, read_timeout_seconds=timeout_s, allow_claimed=True)
     except MCPError as exc:
@@ -155,6 +170,26 @@ async def _started(client: Client, name: str, arguments: dict[str, Any], timeout
     if not isinstance(result, CallToolResult | Created):
         raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
     return result
+
+
+def _legacy_tasks(client: Client) -> LegacyTasks | None:
+    """The 2025-11-25 form of tasks, on a session that negotiated a handshake-era revision."""
+    version = client.protocol_version
+    return LegacyTasks(client.session, version) if version in HANDSHAKE_PROTOCOL_VERSIONS else None
+
+
+async def _task_state(client: Client, task_id: str, timeout_s: float) -> TaskState:
+    legacy = _legacy_tasks(client)
+    if legacy is not None:
+        return await legacy.state(task_id, timeout_s)
+    return await client.session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), TaskState, timeout_s)
+
+
+async def _cancel_task(client: Client, task_id: str, timeout_s: float) -> None:
+    legacy = _legacy_tasks(client)
+    if legacy is not None:
+        return await legacy.cancel(task_id, timeout_s)
+    await client.session.send_request(CancelTask(params=TaskIdParams(task_id=task_id)), Result, timeout_s)
 
 
 def _tasked(spec: ServerSpec) -> ServerSpec:
@@ -221,16 +256,13 @@ class Sessions:
         return await self._on_session(spec, lambda client: _started(client, name, arguments, max(timeout_s, 0.001)))
 
     async def task_state(self, spec: ServerSpec, task_id: str, timeout_s: float) -> TaskState:
-        """`tasks/get`: a task is the server's by its id, whichever session (or worker) created it."""
-        request = GetTask(params=TaskIdParams(task_id=task_id))
-        return await self._on_session(
-            _tasked(spec), lambda c: c.session.send_request(request, TaskState, max(timeout_s, 0.001))
-        )
+        """`tasks/get`: a task is the server's by its id, whichever session (or worker) created it (a 2025-11-25
+        server's: the session that created it)."""
+        return await self._on_session(_tasked(spec), lambda c: _task_state(c, task_id, max(timeout_s, 0.001)))
 
     async def cancel_task(self, spec: ServerSpec, task_id: str, timeout_s: float) -> None:
         """`tasks/cancel` (acknowledged; the task's state then says whether it ended cancelled)."""
-        request = CancelTask(params=TaskIdParams(task_id=task_id))
-        await self._on_session(_tasked(spec), lambda c: c.session.send_request(request, Result, max(timeout_s, 0.001)))
+        await self._on_session(_tasked(spec), lambda c: _cancel_task(c, task_id, max(timeout_s, 0.001)))
 
     async def _on_session(
         self, spec: ServerSpec, send: Callable[[Client], Awaitable[T]], relay: CallRelay | None = None
