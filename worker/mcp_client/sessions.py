@@ -20,7 +20,6 @@ from mcp.client import Client
 from mcp.client.session import MessageHandlerFnT
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     HEADER_MISMATCH,
@@ -34,6 +33,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from worker import errors
 from worker.mcp_client.challenges import Watch
+from worker.mcp_client.connections import http_client
 from worker.mcp_client.failures import Unsent, mapped, session_gone
 from worker.mcp_client.list_changed import OnToolsChanged, held_open, tools_changed_handler
 from worker.mcp_client.relay import CallRelay, InFlight
@@ -116,7 +116,7 @@ async def _client(
             mode = "legacy"
         else:
             # The SDK leaves a client it was given open: closed here, after the session.
-            http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout, auth=watch))
+            http = await stack.enter_async_context(http_client(headers, timeout, watch))
             transport, mode = streamable_http_client(spec.url, http_client=http), "auto"
         extensions = [UpstreamTasks()] if spec.tasks else None
         client = Client(
