@@ -21,6 +21,7 @@ import redis
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.types import ElicitRequestParams, ElicitResult, TextContent
 
 from tests.conftest import start_worker, stop_worker, wait_ready
 from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start_gateway
@@ -283,3 +284,56 @@ def test_a_client_that_cancels_its_tools_call_cancels_the_upstream_task(stack: S
     asyncio.run(abandoned_call(gateway, "fm_brew", {"seconds": 30}, 6))
     wait_until(lambda: stack.lines("brew").count("cancelled brew") > before[0], 30, "the server's tool body cancelled")
     assert stack.cancels("cancelled") == before[1] + 1
+
+
+async def asked_through_the_gateway(gateway: Gateway, name: str, mode: str, answer: dict[str, Any]) -> list[str]:
+    """The tool called by the SDK's Client through the gateway, accepting with `answer` what it is asked: the
+    messages it was asked, and the result's text."""
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        return ElicitResult(action="accept", content=answer)
+
+    async with httpx2.AsyncClient(headers=auth(), timeout=60) as http:
+        transport = streamable_http_client(gateway.url + "/mcp", http_client=http)
+        async with Client(transport, mode=mode, elicitation_callback=on_elicit) as client:  # type: ignore[arg-type]
+            result = await client.call_tool(name, {})
+    assert not result.is_error, result
+    return [*asked, "\n".join(block.text for block in result.content if isinstance(block, TextContent))]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_task_that_asks_for_input_asks_the_caller_and_goes_on(stack: Stack, gateway: Gateway, mode: str) -> None:
+    """`roast`'s task waits for input (`input_required`, its question in `inputRequests`): the worker asks the
+    MCP caller (on its stream, or by result on 2026-07-28), answers with tasks/update, and the task ends with
+    the answer, its body run to the end once."""
+    before = stack.lines("roast").count("done roast")
+    asked = asyncio.run(asked_through_the_gateway(gateway, "fm_roast", mode, {"roast": "dark"}))
+    assert asked == ["Which roast?", "roast: dark"], asked
+    assert stack.lines("roast").count("done roast") == before + 1
+
+
+def test_a_task_that_asks_a_caller_who_cannot_answer_is_declined(stack: Stack, worker: subprocess.Popen[bytes]) -> None:
+    with ToolClient(stack.redis.url) as client:
+        answer = client.call("fm_roast", {}, timeout=60)
+    assert answer.exit_code == 0 and answer.result == "roast: decline", answer.to_dict()
+    assert "cannot be asked during a call, so the request was declined" in (answer.note or ""), answer.to_dict()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_servers_input_round_within_a_call_is_asked_of_the_caller(gateway: Gateway, mode: str) -> None:
+    """`pick` (no task) answers its `tools/call` with `input_required`: the caller is asked, and the retry
+    carries its answer."""
+    asked = asyncio.run(asked_through_the_gateway(gateway, "fm_pick", mode, {"flavour": "pistachio"}))
+    assert asked == ["Which flavour?", "flavour: pistachio"], asked
+
+
+def test_a_servers_input_round_for_a_caller_who_cannot_answer_is_declined(
+    stack: Stack, worker: subprocess.Popen[bytes]
+) -> None:
+    """On the process's shared session: the round is this call's own, declined for it, and said in its note."""
+    with ToolClient(stack.redis.url) as client:
+        answer = client.call("fm_pick", {}, timeout=60)
+    assert answer.exit_code == 0 and answer.result == "flavour: decline", answer.to_dict()
+    assert "cannot be asked during a call" in (answer.note or ""), answer.to_dict()

@@ -9,15 +9,20 @@ cancelled, across processes and restarts of the caller.
 - `brew(seconds)`: task `required`; reports progress with a message while it waits, then answers text;
 - `chart()`: task `required`; answers an image block and structuredContent under an outputSchema;
 - `spill()`: task `required`; fails (its task ends `failed`);
-- `nap(seconds)`: task `optional` (a task only when the caller asks for one), answers text.
+- `nap(seconds)`: task `optional` (a task only when the caller asks for one), answers text;
+- `roast()`: task `required`; asks which roast (an `input_required` task, FastMCP's guard pattern), answers it;
+- `pick()`: no task; asks which flavour within its `tools/call` (an `input_required` result), answers it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.tools import ToolResult
 from fastmcp.utilities.tasks import TaskConfig
@@ -79,7 +84,45 @@ def build(ledger: Path) -> FastMCP:
         await waited("nap", seconds, ctx)
         return "rested"
 
+    add_asking_tools(server, note)
     return server
+
+
+def question(key: str, message: str, choices: list[str]) -> mcp_types.InputRequiredResult:
+    """One form question (an enum of `choices` under `key`), as a guard tool asks it."""
+    schema = {"type": "object", "properties": {key: {"type": "string", "enum": choices}}, "required": [key]}
+    asked = mcp_types.ElicitRequest(params=mcp_types.ElicitRequestFormParams(message=message, requested_schema=schema))
+    return mcp_types.InputRequiredResult(input_requests={key: asked})
+
+
+def answered(ctx: Context, key: str) -> str | None:
+    """The answer to `key`, as the tool reports it ("decline" and the like); None when not yet asked."""
+    answer = (ctx.input_responses or {}).get(key)
+    if answer is None:
+        return None
+    if not isinstance(answer, mcp_types.ElicitResult):
+        answer = mcp_types.ElicitResult.model_validate(answer)
+    return str((answer.content or {}).get(key)) if answer.action == "accept" else answer.action
+
+
+def add_asking_tools(server: FastMCP, note: Callable[[str], None]) -> None:
+    """The tools that ask for input with FastMCP's guard pattern: as a task, and within a tools/call."""
+
+    @server.tool(task=TaskConfig(mode="required"), description="Roasts the beans the caller picks, as a task.")
+    async def roast(ctx: Context) -> Any:
+        choice = answered(ctx, "roast")
+        if choice is None:
+            note("asked roast")
+            return question("roast", "Which roast?", ["light", "dark"])
+        note("done roast")
+        return f"roast: {choice}"
+
+    @server.tool(description="Scoops the flavour the caller picks.")
+    async def pick(ctx: Context) -> Any:
+        choice = answered(ctx, "flavour")
+        if choice is None:
+            return question("flavour", "Which flavour?", ["vanilla", "pistachio"])
+        return f"flavour: {choice}"
 
 
 def main() -> None:

@@ -11,7 +11,9 @@ Polling: `tasks/get`, the first soon after the start, then each twice as late, u
 the way (a lost connection, a server restarting) is tried at the next turn. Between polls the record is
 read: a call cancelled meanwhile (the gateway marked its record) sends `tasks/cancel`, as does a call that
 reached its deadline (instead of `notifications/cancelled`: the request is long answered). The server's
-status message is copied to the record, where the call's own task shows it. A completed task's result is
+status message is copied to the record, where the call's own task shows it. A task waiting for input
+(`input_required`, 2026-07-28) has its requests asked of the caller as the call's relay can (declined where it
+cannot ask), and the answers sent with `tasks/update`; then polling goes on. A completed task's result is
 mapped like a `tools/call` answer; a failed one like a JSON-RPC error; one the server cancelled by itself
 is exit 22.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 from mcp.shared.exceptions import MCPError
@@ -31,6 +34,7 @@ from worker.call.job import Job
 from worker.call.runtime import Runtime
 from worker.mcp_client import task_records
 from worker.mcp_client.failures import Unsent, mapped
+from worker.mcp_client.relay import CallRelay
 from worker.mcp_client.spec import ServerSpec
 from worker.mcp_client.task_records import UpstreamTask
 from worker.mcp_client.tasks import TaskState
@@ -52,15 +56,22 @@ def runs_as_task(job: Job) -> bool:
 
 
 async def task_answer(
-    job: Job, runtime: Runtime, spec: ServerSpec, name: str, pause: Pause = asyncio.sleep
+    job: Job,
+    runtime: Runtime,
+    spec: ServerSpec,
+    name: str,
+    pause: Pause = asyncio.sleep,
+    relay: CallRelay | None = None,
 ) -> CallToolResult:
     """The call's result through an upstream task: the one this call started before, else a new one. `pause`
-    waits between polls (the call's turn at its upstream gives its place up meanwhile: admission.Turn)."""
+    waits between polls (the call's turn at its upstream gives its place up meanwhile: admission.Turn); what the
+    task asks for is asked of the caller through `relay` (declined where it cannot be asked)."""
+    relay = relay or CallRelay()
     redis, call_id = runtime.redis, job.call.call_id
     known = await task_records.read(redis, call_id) if redis is not None else None
     if known is not None:
         log.info("mcp.task_resumed", callId=call_id, upstream=spec.name, task=known.task_id)
-        return await _polled(job, runtime, spec, known.task_id, None, pause)
+        return await _polled(job, runtime, spec, known.task_id, None, pause, relay)
     if time.time() >= job.deadline:
         raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
     started = await runtime.mcp.start_task(spec, name, job.arguments, job.deadline - time.time())
@@ -70,14 +81,21 @@ async def task_answer(
         ttl_s = job.deadline - time.time() + task_records.KEEP_AFTER_DEADLINE_S
         await task_records.store(redis, call_id, UpstreamTask(spec.name, started.task_id, job.tool.name), ttl_s)
     log.info("mcp.task_started", callId=call_id, upstream=spec.name, task=started.task_id)
-    return await _polled(job, runtime, spec, started.task_id, started.poll_interval_ms, pause)
+    return await _polled(job, runtime, spec, started.task_id, started.poll_interval_ms, pause, relay)
 
 
 async def _polled(
-    job: Job, runtime: Runtime, spec: ServerSpec, task_id: str, interval_ms: int | None, pause: Pause
+    job: Job,
+    runtime: Runtime,
+    spec: ServerSpec,
+    task_id: str,
+    interval_ms: int | None,
+    pause: Pause,
+    relay: CallRelay,
 ) -> CallToolResult:
     redis, call_id = runtime.redis, job.call.call_id
     wait_s, shown = FIRST_POLL_S, None
+    answered: set[str] = set()  # the input requests answered, until the task takes the answers
     while True:
         if redis is not None and await task_records.cancelled(redis, call_id):
             await _cancel(runtime, spec, task_id, call_id, "cancelled")
@@ -91,6 +109,14 @@ async def _polled(
             if state.terminal:
                 return _ended(state, spec.name)
             interval_ms = state.poll_interval_ms or interval_ms
+            if state.status != "input_required":
+                answered.clear()  # the answers were taken: a later question may reuse a key
+            asked = {key: request for key, request in (state.input_requests or {}).items() if key not in answered}
+            if state.status == "input_required" and asked:
+                await _answer(runtime, spec, task_id, call_id, relay, asked)
+                answered.update(asked)
+                wait_s = FIRST_POLL_S
+                continue
             if state.status_message and state.status_message != shown and redis is not None:
                 shown = state.status_message
                 await task_records.set_status(redis, call_id, shown)
@@ -111,6 +137,20 @@ async def _state(runtime: Runtime, spec: ServerSpec, task_id: str, timeout_s: fl
     except errors.ToolError as exc:  # the server's refusal (an expired task, say): not the arguments' fault
         raise errors.ToolFailed(f"The MCP server {spec.name!r} could not say how its task is: {exc.message}") from exc
     return None
+
+
+async def _answer(
+    runtime: Runtime, spec: ServerSpec, task_id: str, call_id: str, relay: CallRelay, asked: dict[str, Any]
+) -> None:
+    """The task's input requests asked of the caller (declined where it cannot be asked), the answers sent with
+    `tasks/update`. One that cannot be answered (a refused sampling) cancels the task: the call ends with it."""
+    try:
+        responses = await relay.answer_inputs(asked)
+    except MCPError as exc:
+        await _cancel(runtime, spec, task_id, call_id, "unanswerable")
+        raise mapped(exc, spec.name) from exc
+    await runtime.mcp.update_task(spec, task_id, responses, spec.timeout_s)
+    log.info("mcp.task_answered", callId=call_id, upstream=spec.name, task=task_id, requests=len(responses))
 
 
 def _ended(state: TaskState, server: str) -> CallToolResult:

@@ -81,13 +81,13 @@ class McpTool:
 async def _attempt(job: Job, runtime: Runtime, spec: ServerSpec, turn: Turn, relay: CallRelay) -> CallToolResult:
     try:
         if runs_as_task(job):
-            return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
+            return await task_answer(job, runtime, spec, remote_name(job), turn.pause, relay)
         if time.time() >= job.deadline:
             raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
         try:
             return await runtime.mcp.call_tool(spec, remote_name(job), job.arguments, job.deadline - time.time(), relay)
         except TasksRequired:  # refused unread: the tool runs only as a task (mcp_task.py)
-            return await task_answer(job, runtime, spec, remote_name(job), turn.pause)
+            return await task_answer(job, runtime, spec, remote_name(job), turn.pause, relay)
     finally:
         await relay.flush()  # what the upstream sent during the call, written before its result
 

@@ -21,18 +21,22 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 from mcp.client.session import ClientRequestContext
+from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_REQUEST,
+    CreateMessageRequest,
     CreateMessageRequestParams,
     CreateMessageResult,
     CreateMessageResultWithTools,
+    ElicitRequest,
     ElicitRequestParams,
     ElicitRequestURLParams,
     ElicitResult,
     ErrorData,
     LoggingMessageNotificationParams,
 )
-from pydantic import BaseModel, ValidationError
+from mcp_types import InputRequest
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from worker.protocol import Relay
 
@@ -41,6 +45,7 @@ LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "e
 ELICITATION = "elicitation/create"
 SAMPLING = "sampling/createMessage"
 ResultT = TypeVar("ResultT", bound=BaseModel)
+_INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
 
 
 class Listener(Protocol):
@@ -110,7 +115,9 @@ class CallRelay:
         if self._writer is not None:
             await asyncio.shield(self._writer)
 
-    async def on_elicit(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+    async def on_elicit(
+        self, context: ClientRequestContext | None, params: ElicitRequestParams
+    ) -> ElicitResult | ErrorData:
         mode = "url" if isinstance(params, ElicitRequestURLParams) else "form"
         if self.listener is not None and mode in self.wants.elicitation:
             answer = await self.listener.ask(ELICITATION, _dumped(params))
@@ -132,7 +139,7 @@ class CallRelay:
         return ElicitResult(action="decline")
 
     async def on_sample(
-        self, context: ClientRequestContext, params: CreateMessageRequestParams
+        self, context: ClientRequestContext | None, params: CreateMessageRequestParams
     ) -> CreateMessageResult | CreateMessageResultWithTools | ErrorData:
         if self.listener is not None and self.wants.sampling:
             answer = await self.listener.ask(SAMPLING, _dumped(params))
@@ -146,6 +153,26 @@ class CallRelay:
             "so the request was refused."
         )
         return ErrorData(code=INVALID_REQUEST, message="The caller of this call cannot answer sampling requests.")
+
+    async def answer_inputs(self, requests: Mapping[str, Any]) -> dict[str, Any]:
+        """A 2026-07-28 server's input requests of this call (an `input_required` result, or a task waiting for
+        input), keyed as the server keyed them: each asked of the caller where it listens, else declined, as on
+        a session. Raises MCPError when one cannot be answered (a refused sampling, roots), as the SDK's own
+        driver does: the call ends with it."""
+        answers: dict[str, Any] = {}
+        for key, raw in requests.items():
+            request = raw if isinstance(raw, BaseModel) else _INPUT_REQUEST.validate_python(raw, by_name=False)
+            if isinstance(request, ElicitRequest):
+                answer: BaseModel = await self.on_elicit(None, request.params)
+            elif isinstance(request, CreateMessageRequest):
+                answer = await self.on_sample(None, request.params)
+            else:
+                method = getattr(request, "method", "this request")
+                answer = ErrorData(code=INVALID_REQUEST, message=f"{method} is not answered for MCP servers.")
+            if isinstance(answer, ErrorData):
+                raise MCPError.from_error_data(answer)
+            answers[key] = answer.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return answers
 
     def callbacks(self) -> dict[str, Any]:
         """The SDK `Client`'s callbacks of a session of this call's own."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from mcp.types import (
     HEADER_MISMATCH,
     CallToolResult,
     EmptyResult,
+    InputRequiredResult,
     Result,
     SetLevelRequest,
     SetLevelRequestParams,
@@ -46,6 +48,8 @@ from worker.mcp_client.tasks import (
     TaskIdParams,
     TasksRequired,
     TaskState,
+    UpdateTask,
+    UpdateTaskParams,
     UpstreamTasks,
 )
 from worker.mcp_client.tasks import tasks_required as _tasks_required
@@ -55,6 +59,8 @@ log = structlog.get_logger("toolworker.mcp")
 STREAM_READ_TIMEOUT_S = 300.0
 # Pages of tools/list read at most (a server whose cursors never end).
 MAX_LIST_PAGES = 100
+# Input rounds of one tools/call at most (the SDK's own driver stops at 10 as well).
+MAX_INPUT_ROUNDS = 10
 # How long a 2025-11-25 server is asked to keep a task past the call's time (its ttl), for a last poll.
 KEEP_TASK_S = 60.0
 T = TypeVar("T")
@@ -136,19 +142,38 @@ async def _sent(
 ) -> CallToolResult:
     """`tools/call` on the session itself (a third of the client's work per call, measured); a server that
     wants the tool listed first (HEADER_MISMATCH) is answered through the client, which lists and sends again.
-    The call's progress goes to its relay, when its caller listens."""
-    progress = relay.progress_callback if relay is not None else None
-    try:
-        result = await client.session.call_tool(
-            name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress
-        )
-    except MCPError as exc:
-        if _tasks_required(exc):
-            raise TasksRequired(exc.error.message) from exc
-        if exc.code != HEADER_MISMATCH:
-            raise
-        return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress)
-    if not isinstance(result, CallToolResult):  # only asked-for shapes (input rounds, claims) differ
+    The call's progress goes to its relay, when its caller listens, and so do the questions of a 2026-07-28
+    server's `input_required` rounds (they are the call's own: no session of its own is needed for them)."""
+    relay = relay or CallRelay()
+    progress = relay.progress_callback
+    deadline = time.monotonic() + timeout_s
+    responses: dict[str, Any] | None = None
+    state: str | None = None
+    for _round in range(MAX_INPUT_ROUNDS + 1):
+        try:
+            result = await client.session.call_tool(
+                name,
+                arguments,
+                read_timeout_seconds=max(deadline - time.monotonic(), 0.001),
+                progress_callback=progress,
+                input_responses=responses,
+                request_state=state,
+                allow_input_required=True,
+            )
+        except MCPError as exc:
+            if _tasks_required(exc):
+                raise TasksRequired(exc.error.message) from exc
+            if exc.code != HEADER_MISMATCH or responses is not None:
+                raise
+            return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress)
+        if not isinstance(result, InputRequiredResult):
+            break
+        # A 2026-07-28 server asks for input within the call: this call's own questions, answered for it.
+        responses = await relay.answer_inputs(result.input_requests) if result.input_requests else {}
+        state = result.request_state
+    else:
+        raise errors.ReceiveFailed(f"The MCP server asked for input more than {MAX_INPUT_ROUNDS} times in one call.")
+    if not isinstance(result, CallToolResult):  # only asked-for shapes (claims) differ
         raise errors.ReceiveFailed(f"The MCP server answered tools/call with a {type(result).__name__}.")
     return result
 
@@ -260,6 +285,11 @@ class Sessions:
         server's: the session that created it)."""
         return await self._on_session(_tasked(spec), lambda c: _task_state(c, task_id, max(timeout_s, 0.001)))
 
+    async def update_task(self, spec: ServerSpec, task_id: str, responses: dict[str, Any], timeout_s: float) -> None:
+        """`tasks/update`: the answers to a task's input requests (2026-07-28)."""
+        request = UpdateTask(params=UpdateTaskParams(task_id=task_id, input_responses=responses))
+        await self._on_session(_tasked(spec), lambda c: c.session.send_request(request, Result, max(timeout_s, 0.001)))
+
     async def cancel_task(self, spec: ServerSpec, task_id: str, timeout_s: float) -> None:
         """`tasks/cancel` (acknowledged; the task's state then says whether it ended cancelled)."""
         await self._on_session(_tasked(spec), lambda c: _cancel_task(c, task_id, max(timeout_s, 0.001)))
@@ -301,6 +331,7 @@ class Sessions:
         """`tools/call` on a session opened for this call alone (its log level, the server's requests its own),
         ended with it."""
         watch = Watch()
+        failure: Exception | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:  # entered in this task (the SDK's task groups must be left by the task that entered them)
@@ -315,13 +346,18 @@ class Sessions:
                         # The request itself: the SDK's helper warns that 2026-07-28 dropped it (this server is older).
                         setting = SetLevelRequest(params=SetLevelRequestParams(level=level))
                         await client.session.send_request(setting, EmptyResult)
-                # Through the client: a 2026-07-28 server's input rounds are answered by the same callbacks.
-                progress, wait_s = relay.progress_callback, max(timeout_s, 0.001)
-                return await client.call_tool(name, arguments, read_timeout_seconds=wait_s, progress_callback=progress)
+                try:
+                    return await _sent(client, name, arguments, max(timeout_s, 0.001), relay)
+                except Exception as exc:  # raised once the session is closed (its task group would wrap it)
+                    failure = exc
         except (Unsent, errors.ToolError):
             raise
         except Exception as exc:
             raise watch.take(spec.name) or mapped(exc, spec.name) from exc
+        assert failure is not None  # the call returned, or failed
+        if isinstance(failure, TasksRequired | errors.ToolError):
+            raise failure
+        raise watch.take(spec.name) or mapped(failure, spec.name) from failure
 
     async def list_tools(self, spec: ServerSpec) -> tuple[str, list[dict[str, Any]]]:
         """The protocol version negotiated and every tool the server lists (every page)."""

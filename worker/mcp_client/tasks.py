@@ -80,6 +80,8 @@ class TaskState(_TaskFields):
 
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    # A task waiting for input: the server's requests, by its keys for them (answered with tasks/update).
+    input_requests: dict[str, Any] | None = Field(default=None, alias="inputRequests")
 
     @property
     def terminal(self) -> bool:
@@ -92,6 +94,15 @@ class TaskState(_TaskFields):
 
 class TaskIdParams(RequestParams):
     task_id: str = Field(serialization_alias="taskId")
+
+
+class UpdateTaskParams(TaskIdParams):
+    input_responses: dict[str, Any] = Field(serialization_alias="inputResponses")
+
+
+class UpdateTask(mcp_types.Request[UpdateTaskParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: UpdateTaskParams
 
 
 class GetTask(mcp_types.Request[TaskIdParams, Literal["tasks/get"]]):
