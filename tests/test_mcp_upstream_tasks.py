@@ -30,6 +30,10 @@ from tests.support.waiting import scaled, wait_until
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.mcp_client import task_records
+from worker.mcp_client.relay import CallRelay
+from worker.mcp_client.sessions import Sessions
+from worker.mcp_client.spec import ServerSpec
+from worker.protocol import Relay
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.integration]
 
@@ -337,3 +341,40 @@ def test_a_servers_input_round_for_a_caller_who_cannot_answer_is_declined(
         answer = client.call("fm_pick", {}, timeout=60)
     assert answer.exit_code == 0 and answer.result == "flavour: decline", answer.to_dict()
     assert "cannot be asked during a call" in (answer.note or ""), answer.to_dict()
+
+
+class _Answering:
+    """A caller that accepts every question with `content` (what CallEvents does through Redis)."""
+
+    def __init__(self, content: dict[str, Any]) -> None:
+        self.content = content
+        self.asked: list[str] = []
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        return None
+
+    async def log(self, params: Any) -> None:
+        return None
+
+    async def ask(self, method: str, params: Any) -> dict[str, Any]:
+        self.asked.append(str(params.get("message")))
+        return {"result": {"action": "accept", "content": self.content}}
+
+
+async def test_a_2026_server_asks_a_listening_caller_on_the_shared_session(stack: Stack) -> None:
+    """Its questions are the call's own: a caller that can answer them needs no session (no discovery, no
+    handshake) of its own, and one that wants log messages still gets one."""
+    sessions = Sessions()
+    spec = ServerSpec(name="fm", url=stack.server.url, timeout_s=20)
+    caller = _Answering({"flavour": "vanilla"})
+    try:
+        for _ in range(3):
+            relay = CallRelay(caller, Relay(elicitation=["form"]))
+            result = await sessions.call_tool(spec, "pick", {}, 20, relay)
+            assert [block.text for block in result.content if isinstance(block, TextContent)] == ["flavour: vanilla"]
+        assert sessions.handshakes == 1 and caller.asked == ["Which flavour?"] * 3, (sessions.handshakes, caller.asked)
+        listening = CallRelay(caller, Relay(elicitation=["form"], logLevel="info"))
+        await sessions.call_tool(spec, "pick", {}, 20, listening)
+        assert sessions.handshakes == 2
+    finally:
+        await sessions.close()

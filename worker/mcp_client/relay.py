@@ -6,10 +6,12 @@ carries it through Redis to the gateway holding the caller's stream), declined w
     elicitation/create       form or URL mode, to a caller that declared that mode; else declined, and noted
     sampling/createMessage   to a caller that declared sampling; else refused, and noted
 
-The sessions declare elicitation (both modes) and sampling. A call whose caller listens for log messages or can
-answer requests gets a session of its own for its time (the level is the session's, and a server's request
-names no call); the others share the server's session, whose requests go to the call in flight when there is
-exactly one (else they are declined unnoted: whose they are cannot be told).
+The sessions declare elicitation (both modes) and sampling. A 2026-07-28 server asks within the call (an
+`input_required` answer, a task waiting for input): those questions are the call's own (`answer_inputs`). Before
+that revision, a call whose caller listens for log messages or can answer requests gets a session of its own
+for its time (the level is the session's, and a server's request names no call); the others share the
+server's session, whose requests go to the call in flight when there is exactly one (else they are declined
+unnoted: whose they are cannot be told). On 2026-07-28 only a caller's log level takes a session of its own.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class CallRelay:
 
     @property
     def own_session(self) -> bool:
-        """Whether the call needs a session of its own: its caller listens for more than its progress."""
+        """Whether the call needs a session of its own: its caller listens for more than its progress (on a
+        2026-07-28 server, only its log messages need one: sessions.py)."""
         wants = self.wants
         return self.listener is not None and bool(wants.log_level or wants.elicitation or wants.sampling)
 

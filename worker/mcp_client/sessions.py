@@ -31,7 +31,7 @@ from mcp.types import (
     SetLevelRequest,
     SetLevelRequestParams,
 )
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from worker import errors
 from worker.mcp_client.challenges import Watch
@@ -267,10 +267,23 @@ class Sessions:
         TasksRequired: the server runs this tool only as a task (refused unread). What the server sends during
         the call goes to `relay` (on a session of the call's own when it needs one)."""
         relay = relay or CallRelay()
-        if relay.own_session:
+        if not await self._shares(spec, relay):
             return await self._call_alone(spec, name, arguments, timeout_s, relay)
         wait_s = max(timeout_s, 0.001)
         return await self._on_session(spec, lambda client: _sent(client, name, arguments, wait_s, relay), relay)
+
+    async def _shares(self, spec: ServerSpec, relay: CallRelay) -> bool:
+        """Whether the call runs on the process's session: it needs none of its own, or it needs one only for
+        the server's questions and its server asks them within the call (2026-07-28: they are the call's own)."""
+        if not relay.own_session:
+            return True
+        if relay.wants.log_level is not None:  # log messages name no call, in either generation
+            return False
+        try:
+            client = await self.client(spec)
+        except Exception:  # the shared session's failure is reported by the call on it
+            return True
+        return client.protocol_version in MODERN_PROTOCOL_VERSIONS
 
     async def start_task(
         self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
