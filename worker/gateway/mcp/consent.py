@@ -8,10 +8,21 @@ from __future__ import annotations
 from typing import Any
 
 from worker.definitions.model import Upstream
+from worker.gateway.calls import Calls
 from worker.gateway.identity.delegation import Delegation
+from worker.gateway.identity.principals import Principal
 from worker.gateway.mcp.asking import Context, answered, ask_to_visit
 
 CONNECT_KEY_PREFIX = "connect:"
+
+
+async def consent_to_call(ctx: Context, calls: Calls, name: str, principal: Principal) -> dict[str, Any] | None:
+    """Before a call of the tool `name` that acts for its user: the user's consent, asked for through the client
+    if needed (None: the call may go on; an unknown tool is answered by the submission)."""
+    tool = calls.visible(principal).tool(name)
+    if tool is None or calls.delegation is None:
+        return None
+    return await consent_first(ctx, calls.delegation, calls.catalog.snapshot.upstream(tool), principal.name)
 
 
 async def consent_first(ctx: Context, delegation: Delegation, upstream: Upstream, user: str) -> dict[str, Any] | None:

@@ -37,9 +37,9 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import mcp_types as types
 import structlog
@@ -54,7 +54,6 @@ from starlette.requests import Request
 from worker import tracing
 from worker.constants import PROGRAM_TOOL
 from worker.definitions.model import Tool
-from worker.envelope import ToolResult
 from worker.errors import TenantQueueFull, UnknownTool
 from worker.gateway import metrics, version
 from worker.gateway.calls import CallIdConflict, Calls, CallSpec, Submitted, check_call_id
@@ -65,12 +64,13 @@ from worker.gateway.identity.principals import LOCAL, Principal, access_token_of
 from worker.gateway.mcp import asking, code_mode, discovery
 from worker.gateway.mcp import output as mcp_output
 from worker.gateway.mcp import relay as upstream_relay
-from worker.gateway.mcp.consent import consent_first
-from worker.gateway.mcp.relay import Follow, LogLevels
+from worker.gateway.mcp.consent import consent_to_call
+from worker.gateway.mcp.relay import LogLevels
 from worker.gateway.mcp.results import CALL_META_KEY, text_result, tool_result
 from worker.gateway.mcp.sessions import Handshakes
 from worker.gateway.mcp.task_listen import TaskListen
 from worker.gateway.mcp.tasks import McpTasks, TaskServer
+from worker.gateway.mcp.waiting import Waiting
 from worker.queue import approvals
 from worker.settings import Settings
 
@@ -94,9 +94,6 @@ HOW_TO_APPROVE = (
     "(POST /v1/approvals/{{callId}}, or `toolworker approvals approve`)."
 )
 _CURSOR_PREFIX = "after:"
-# How often a waiting call reports progress to a client that asked for it.
-PROGRESS_EVERY_S = 1.0
-T = TypeVar("T")
 
 
 @dataclass
@@ -123,6 +120,7 @@ class McpFront:
         self.front = "mcp"
         self._legacy_session: ServerSession | None = None  # stdio: the one connection, for list_changed
         self._background: set[asyncio.Task[Any]] = set()
+        self.waiting = Waiting(calls, timeout_s, self._spawn)
         calls.catalog.on_change(self._changed)
 
     def server(self) -> Server[Any]:
@@ -225,7 +223,7 @@ class McpFront:
         resume = upstream_relay.Resume.of(ctx.params)
         if resume is not None:
             return await self._resume(ctx, resume, name, arguments, principal, started)
-        asked = await self._consent(ctx, name, principal)
+        asked = await consent_to_call(ctx, self.calls, name, principal)
         if asked is not None:
             return asked
         try:
@@ -280,12 +278,9 @@ class McpFront:
     ) -> dict[str, Any]:
         """The call's tool result, or what its upstream asks a 2026-07-28 caller (input_required)."""
         try:
-            envelope = await self._envelope(ctx, submitted, relay, after)
+            envelope = await self.waiting.envelope(ctx, submitted, relay, after)
         except upstream_relay.Asked as asked:  # the call goes on; the caller's retry follows it
             return asked.result
-        except BaseException:  # cancelled, or the client hung up: a call that has not started is not run
-            self._spawn(self._withdraw(submitted.call_id, submitted.tool.name, submitted.principal.tenant))
-            raise
         if envelope is None:
             self.calls.hold(submitted)
         metrics.observe(self.front, envelope, time.perf_counter() - started)
@@ -319,14 +314,6 @@ class McpFront:
         log.info("gateway.call_approved", tool=name, principal=principal.name)
         return principal.name
 
-    async def _consent(self, ctx: Context, name: str, principal: Principal) -> dict[str, Any] | None:
-        """Before a call that acts for its user: the user's consent, asked for through the client if needed."""
-        tool = self.calls.visible(principal).tool(name)
-        if tool is None or self.calls.delegation is None:
-            return None  # an unknown tool is answered by the submission
-        upstream = self.calls.catalog.snapshot.upstream(tool)
-        return await consent_first(ctx, self.calls.delegation, upstream, principal.name)
-
     async def _task(self, ctx: Context, params: types.CallToolRequestParams, spec: CallSpec) -> dict[str, Any] | None:
         """The task answering this call, when its client asked for one and its tool allows it (tasks.py decides;
         raises UnknownTool for a tool not granted, MCPError for a task mode the request does not meet)."""
@@ -339,35 +326,6 @@ class McpFront:
         if spec.call_id is not None:
             raise ValueError("A task's id is made by the gateway: a task request cannot name a callId.")
         return await self.tasks.create(spec, tool, generation, params)
-
-    async def _envelope(
-        self, ctx: Context, submitted: Submitted, relay: Mapping[str, Any] | None, after: str
-    ) -> ToolResult | None:
-        """The call's envelope, while watching for the client to hang up (HTTP), reporting progress to a client
-        that asked for it, and relaying what an MCP upstream sends to a client that listens (relay.py; raises
-        Asked when it asks a 2026-07-28 caller)."""
-        watchers: list[Coroutine[Any, Any, None]] = []
-        if isinstance(ctx.request, Request):
-            watchers.append(_hang_up(ctx.request))
-        follow = Follow.of(ctx, self.calls, submitted, relay, after)
-        if follow is not None:
-            watchers.append(follow.follow())
-        if _asked_for_progress(ctx):
-            watchers.append(
-                follow.waiting(PROGRESS_EVERY_S) if follow else _report_progress(ctx.session, PROGRESS_EVERY_S)
-            )
-        waiting = self.calls.answer(submitted, self.timeout_s)
-        envelope = await (_unless(waiting, watchers) if watchers else waiting)
-        if follow is not None:
-            await follow.drain()
-        return envelope
-
-    async def _withdraw(self, call_id: str, tool: str, tenant: str) -> None:
-        withdrawn = await self.calls.withdraw(call_id, tool, tenant)
-        if withdrawn:
-            metrics.WITHDRAWN.inc()
-        upstream_task = not withdrawn and await self.calls.cancel_upstream_task(call_id)
-        log.info("gateway.call_cancelled", callId=call_id, tool=tool, withdrawn=withdrawn, upstream_task=upstream_task)
 
     # --- list changes -----------------------------------------------------------------------------
 
@@ -409,59 +367,9 @@ def _access_token(ctx: Context) -> str | None:
     return access_token_of(ctx.request.scope) if isinstance(ctx.request, Request) else None
 
 
-def _asked_for_progress(ctx: Context) -> bool:
-    """Whether the request's raw `_meta` carries a progressToken."""
-    meta = (ctx.params or {}).get("_meta")
-    return isinstance(meta, Mapping) and meta.get("progressToken") is not None
-
-
 def _request_headers(ctx: Context) -> Mapping[str, str]:
     """The HTTP request's headers (looked up by lower-case name); none on stdio."""
     return ctx.request.headers if isinstance(ctx.request, Request) else {}
-
-
-class ClientGone(MCPError):
-    """The HTTP client closed its request while its call was waiting (a 2026-07-28 client cancels so)."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            code=types.INTERNAL_ERROR, message="The request was closed; its call was withdrawn if it had not started."
-        )
-
-
-async def _unless(waiting: Coroutine[Any, Any, T], watchers: list[Coroutine[Any, Any, None]]) -> T:
-    """What `waiting` gives, unless a watcher ends first: the client hung up (ClientGone), or an upstream asked
-    (Asked)."""
-    main = asyncio.ensure_future(waiting)
-    others = [asyncio.ensure_future(watcher) for watcher in watchers]
-    try:
-        await asyncio.wait([main, *others], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in others:
-            task.cancel()
-    if not main.done():
-        main.cancel()
-        for task in others:
-            error = task.exception() if task.done() and not task.cancelled() else None
-            if isinstance(error, upstream_relay.Asked):
-                raise error
-        raise ClientGone()
-    return main.result()
-
-
-async def _hang_up(request: Request) -> None:
-    """Returns when the client closes the request (the body was read: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _report_progress(session: ServerSession, every_s: float) -> None:
-    """Progress notifications while a call waits (its seconds so far), for a client that sent a token."""
-    started = time.monotonic()
-    while True:
-        await asyncio.sleep(every_s)
-        waited = time.monotonic() - started
-        await session.report_progress(waited, None, f"Waiting for the call's result: {waited:.0f} s so far.")
 
 
 def _encode_cursor(last_name: str) -> str:
