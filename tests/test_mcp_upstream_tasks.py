@@ -25,7 +25,7 @@ from mcp.types import ElicitRequestParams, ElicitResult, TextContent
 
 from tests.conftest import start_worker, stop_worker, wait_ready
 from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start_gateway
-from tests.support.mcp_servers import ROOT, McpServerProcess
+from tests.support.mcp_servers import ROOT, AnsweringCaller, McpServerProcess
 from tests.support.waiting import scaled, wait_until
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
@@ -343,30 +343,12 @@ def test_a_servers_input_round_for_a_caller_who_cannot_answer_is_declined(
     assert "cannot be asked during a call" in (answer.note or ""), answer.to_dict()
 
 
-class _Answering:
-    """A caller that accepts every question with `content` (what CallEvents does through Redis)."""
-
-    def __init__(self, content: dict[str, Any]) -> None:
-        self.content = content
-        self.asked: list[str] = []
-
-    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        return None
-
-    async def log(self, params: Any) -> None:
-        return None
-
-    async def ask(self, method: str, params: Any) -> dict[str, Any]:
-        self.asked.append(str(params.get("message")))
-        return {"result": {"action": "accept", "content": self.content}}
-
-
 async def test_a_2026_server_asks_a_listening_caller_on_the_shared_session(stack: Stack) -> None:
     """Its questions are the call's own: a caller that can answer them needs no session (no discovery, no
     handshake) of its own, and one that wants log messages still gets one."""
     sessions = Sessions()
     spec = ServerSpec(name="fm", url=stack.server.url, timeout_s=20)
-    caller = _Answering({"flavour": "vanilla"})
+    caller = AnsweringCaller({"flavour": "vanilla"})
     try:
         for _ in range(3):
             relay = CallRelay(caller, Relay(elicitation=["form"]))

@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -17,6 +18,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent
 from tests.support.gateway_stack import Gateway, auth, gateway_env, start_gateway
 from tests.support.mcp_servers import (
     EVERYTHING,
+    AnsweringCaller,
     McpServerProcess,
     McpStack,
     cli,
@@ -38,7 +40,11 @@ from worker.definitions.model import McpServer, RetryPolicy, Source, ToolSet, Up
 from worker.definitions.templates import Template
 from worker.envelope import ToolResult
 from worker.mcp_client.failures import Unsent
-from worker.protocol import ToolCall
+from worker.mcp_client.relay import CallRelay
+from worker.mcp_client.sessions import Sessions
+from worker.mcp_client.spec import ServerSpec
+from worker.mcp_client.tasks import Created
+from worker.protocol import Relay, ToolCall
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -368,3 +374,40 @@ def test_a_server_down_at_a_refresh_keeps_its_last_tools(
     finally:
         sdk.start()
     assert json.loads(cli(stack, "upstreams", "refresh", "sdk").stdout)["available"] is True
+
+
+@pytest.mark.integration
+async def test_a_2025_11_25_task_asking_for_input_asks_the_call_waiting_on_it(
+    servers: tuple[McpServerProcess, ...],
+) -> None:
+    """server-everything's research task, ambiguous: it waits for input and queues its question for
+    `tasks/result`. Asked for the result, the process's shared session hands the question, which names the task,
+    to the call waiting on that task (no call is in flight on the session otherwise, which would decline it),
+    and the report uses its answer."""
+    sessions = Sessions()
+    spec = ServerSpec(name="everything", url=servers[0].url, timeout_s=30)
+    arguments: dict[str, Any] = {"topic": "python", "ambiguous": True}
+    try:
+        started = await sessions.start_task(spec, "simulate-research-query", arguments, 30)
+        assert isinstance(started, Created), started
+        for _ in range(100):  # the question is queued at the third of four 1 s stages
+            if (await sessions.task_state(spec, started.task_id, 10)).asks_on_result:
+                break
+            await asyncio.sleep(0.1)
+        caller = AnsweringCaller({"interpretation": "the programming language"})
+        relay = CallRelay(caller, Relay(elicitation=["form"]))
+        result = await sessions.task_result(spec, started.task_id, 30, relay)
+    finally:
+        await sessions.close()
+    said = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+    assert "# Research Report: python (the programming language)" in said, said
+    assert len(caller.asked) == 1 and "multiple interpretations" in caller.asked[0], caller.asked
+
+
+@pytest.mark.integration
+def test_a_2025_11_25_task_asking_a_caller_who_cannot_answer_declines(worker_client: ToolClient) -> None:
+    declined = worker_client.call(
+        "everything_simulate-research-query", {"topic": "python", "ambiguous": True}, timeout=60
+    )
+    assert declined.exit_code == 0 and "User declined - using default interpretation" in declined.result, declined
+    assert "cannot be asked during a call" in (declined.note or ""), declined.to_dict()

@@ -120,3 +120,22 @@ def serving_worker(stack: McpStack) -> Iterator[ToolClient]:
             yield client
     finally:
         stop_worker(process)
+
+
+class AnsweringCaller:
+    """A call's listener (worker/call/relay.py's CallEvents, without Redis) whose caller accepts every question
+    with `content`; the questions' messages kept in `asked`."""
+
+    def __init__(self, content: dict[str, Any]) -> None:
+        self.content = content
+        self.asked: list[str] = []
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        return None
+
+    async def log(self, params: Any) -> None:
+        return None
+
+    async def ask(self, method: str, params: Any) -> dict[str, Any]:
+        self.asked.append(str(params.get("message")))
+        return {"result": {"action": "accept", "content": self.content}}

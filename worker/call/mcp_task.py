@@ -109,6 +109,8 @@ async def _polled(
             if state.terminal:
                 return _ended(state, spec.name)
             interval_ms = state.poll_interval_ms or interval_ms
+            if state.asks_on_result:  # 2025-11-25: its questions come while tasks/result waits for its end
+                return await _result(runtime, spec, task_id, call_id, relay, job.deadline)
             if state.status != "input_required":
                 answered.clear()  # the answers were taken: a later question may reuse a key
             asked = {key: request for key, request in (state.input_requests or {}).items() if key not in answered}
@@ -151,6 +153,21 @@ async def _answer(
         raise mapped(exc, spec.name) from exc
     await runtime.mcp.update_task(spec, task_id, responses, spec.timeout_s)
     log.info("mcp.task_answered", callId=call_id, upstream=spec.name, task=task_id, requests=len(responses))
+
+
+async def _result(
+    runtime: Runtime, spec: ServerSpec, task_id: str, call_id: str, relay: CallRelay, deadline: float
+) -> CallToolResult:
+    """A 2025-11-25 task waiting for input: `tasks/result` until its end, its questions asked of the caller as it
+    waits; past the call's deadline the task is cancelled."""
+    log.info("mcp.task_asks", callId=call_id, upstream=spec.name, task=task_id)
+    try:
+        return await runtime.mcp.task_result(spec, task_id, deadline - time.time(), relay)
+    except (Unsent, errors.ToolError):
+        if time.time() < deadline:
+            raise
+    await _cancel(runtime, spec, task_id, call_id, "deadline")
+    raise errors.TimedOut(f"The MCP server {spec.name!r} did not finish the task in time; it was cancelled.")
 
 
 def _ended(state: TaskState, server: str) -> CallToolResult:

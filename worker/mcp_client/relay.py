@@ -48,6 +48,7 @@ ELICITATION = "elicitation/create"
 SAMPLING = "sampling/createMessage"
 ResultT = TypeVar("ResultT", bound=BaseModel)
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
+RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 
 
 class Listener(Protocol):
@@ -188,24 +189,30 @@ class CallRelay:
 
 
 class InFlight:
-    """The calls under way on a shared session; the server's requests go to the only one, if one."""
+    """The calls under way on a shared session: a server's request that names a task (2025-11-25: its
+    related-task `_meta`) goes to the call waiting on that task; another to the only call, if one."""
 
     def __init__(self) -> None:
         self.calls: list[CallRelay] = []
+        self.tasks: dict[str, CallRelay] = {}  # by the server's task id, while its result is asked for
 
-    def _only(self) -> CallRelay:
+    def _of(self, context: ClientRequestContext) -> CallRelay:
+        related = (context.meta or {}).get(RELATED_TASK_META_KEY)
+        task_id = related.get("taskId") if isinstance(related, Mapping) else None
+        if isinstance(task_id, str) and task_id in self.tasks:
+            return self.tasks[task_id]
         if len(self.calls) == 1:
             return self.calls[0]
         log.info("mcp.request_declined", reason="calls in flight", calls=len(self.calls))
         return CallRelay()  # declined, its note told to no call
 
     async def on_elicit(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
-        return await self._only().on_elicit(context, params)
+        return await self._of(context).on_elicit(context, params)
 
     async def on_sample(
         self, context: ClientRequestContext, params: CreateMessageRequestParams
     ) -> CreateMessageResult | CreateMessageResultWithTools | ErrorData:
-        return await self._only().on_sample(context, params)
+        return await self._of(context).on_sample(context, params)
 
     def callbacks(self) -> dict[str, Any]:
         return {"elicitation_callback": self.on_elicit, "sampling_callback": self.on_sample}

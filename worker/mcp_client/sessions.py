@@ -303,6 +303,24 @@ class Sessions:
         request = UpdateTask(params=UpdateTaskParams(task_id=task_id, input_responses=responses))
         await self._on_session(_tasked(spec), lambda c: c.session.send_request(request, Result, max(timeout_s, 0.001)))
 
+    async def task_result(self, spec: ServerSpec, task_id: str, timeout_s: float, relay: CallRelay) -> CallToolResult:
+        """A 2025-11-25 task's `tasks/result` (it waits for the task's end): what the server asks for meanwhile,
+        naming the task, goes to `relay`."""
+        spec = _tasked(spec)
+
+        async def asked(client: Client) -> CallToolResult:
+            legacy = _legacy_tasks(client)
+            if legacy is None:
+                raise errors.ReceiveFailed(f"The MCP server {spec.name!r} has no tasks/result (2026-07-28).")
+            in_flight = self._held[spec].in_flight.tasks
+            in_flight[task_id] = relay
+            try:
+                return await legacy.result(task_id, max(timeout_s, 0.001))
+            finally:
+                in_flight.pop(task_id, None)
+
+        return await self._on_session(spec, asked)
+
     async def cancel_task(self, spec: ServerSpec, task_id: str, timeout_s: float) -> None:
         """`tasks/cancel` (acknowledged; the task's state then says whether it ended cancelled)."""
         await self._on_session(_tasked(spec), lambda c: _cancel_task(c, task_id, max(timeout_s, 0.001)))

@@ -82,6 +82,8 @@ class TaskState(_TaskFields):
     error: dict[str, Any] | None = None
     # A task waiting for input: the server's requests, by its keys for them (answered with tasks/update).
     input_requests: dict[str, Any] | None = Field(default=None, alias="inputRequests")
+    # A 2025-11-25 task waiting for input: its requests come on the stream of `tasks/result` (LegacyTasks).
+    asks_on_result: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -176,6 +178,8 @@ class LegacyTasks:
         request = GetTaskRequest(params=GetTaskRequestParams(task_id=task_id))
         task = await self._session.send_request(request, GetTaskResult, timeout_s)
         state = TaskState.model_validate(_flat(task))
+        if task.status == "input_required":
+            return state.model_copy(update={"asks_on_result": True})
         if task.status not in ("completed", "failed"):
             return state
         payload = GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=task_id))
@@ -186,6 +190,11 @@ class LegacyTasks:
         # An outcome (isError or not) is the tool's answer, mapped like an inline one.
         dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         return state.model_copy(update={"status": "completed", "result": dumped})
+
+    async def result(self, task_id: str, timeout_s: float) -> CallToolResult:
+        """`tasks/result`: waits for the task's end, its requests for input coming meanwhile on the session."""
+        payload = GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=task_id))
+        return await self._session.send_request(payload, CallToolResult, timeout_s)
 
     async def cancel(self, task_id: str, timeout_s: float) -> None:
         request = CancelTaskRequest(params=CancelTaskRequestParams(task_id=task_id))
