@@ -22,7 +22,9 @@ The SDK answers every protocol revision from one server: the 2026-07-28 one (no 
   enqueues it approved, anything else sends nothing; a client that cannot be asked is told how approval
   is granted instead (a tool error).
 - Cancellation (the request's stream closed, or `notifications/cancelled`) takes a call that has not
-  started off the queue.
+  started off the queue (waiting.py).
+- A call whose MCP upstream asks its caller something (relay.py): on 2026-07-28 the request ends with
+  `input_required`, and the retry that carries the answer and the `requestState` follows the same call on.
 - A tool that acts for its user at an upstream the user has not connected: the user is asked to connect
   first (consent.py, through asking.py), and the call goes on once connected.
 - Discovery mode (`--mode discovery`) lists four meta-tools instead of the catalog (discovery.py).
