@@ -59,8 +59,11 @@ log = structlog.get_logger("toolworker.mcp")
 STREAM_READ_TIMEOUT_S = 300.0
 # Pages of tools/list read at most (a server whose cursors never end).
 MAX_LIST_PAGES = 100
-# Input rounds of one tools/call at most (the SDK's own driver stops at 10 as well).
+# Input rounds of one tools/call at most (the SDK's own driver stops at 10 as well); a round that carries only
+# the server's state is sent again after a wait that doubles from STATE_ONLY_WAIT_S, as the SDK's driver does.
 MAX_INPUT_ROUNDS = 10
+STATE_ONLY_WAIT_S = 0.05
+STATE_ONLY_MAX_WAIT_S = 0.25
 # How long a 2025-11-25 server is asked to keep a task past the call's time (its ttl), for a last poll.
 KEEP_TASK_S = 60.0
 T = TypeVar("T")
@@ -149,7 +152,7 @@ async def _sent(
     deadline = time.monotonic() + timeout_s
     responses: dict[str, Any] | None = None
     state: str | None = None
-    for _round in range(MAX_INPUT_ROUNDS + 1):
+    for leg in range(MAX_INPUT_ROUNDS + 1):
         try:
             result = await client.session.call_tool(
                 name,
@@ -163,14 +166,18 @@ async def _sent(
         except MCPError as exc:
             if _tasks_required(exc):
                 raise TasksRequired(exc.error.message) from exc
-            if exc.code != HEADER_MISMATCH or responses is not None:
+            if exc.code != HEADER_MISMATCH or leg > 0:
                 raise
             return await client.call_tool(name, arguments, read_timeout_seconds=timeout_s, progress_callback=progress)
         if not isinstance(result, InputRequiredResult):
             break
         # A 2026-07-28 server asks for input within the call: this call's own questions, answered for it.
-        responses = await relay.answer_inputs(result.input_requests) if result.input_requests else {}
         state = result.request_state
+        if result.input_requests:
+            responses = await relay.answer_inputs(result.input_requests)
+        else:  # its state alone: sent again a little later, as the SDK's own driver does
+            responses = None
+            await asyncio.sleep(min(STATE_ONLY_WAIT_S * 2**leg, STATE_ONLY_MAX_WAIT_S))
     else:
         raise errors.ReceiveFailed(f"The MCP server asked for input more than {MAX_INPUT_ROUNDS} times in one call.")
     if not isinstance(result, CallToolResult):  # only asked-for shapes (claims) differ
