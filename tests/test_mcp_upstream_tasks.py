@@ -287,6 +287,8 @@ def test_a_client_that_cancels_its_tools_call_cancels_the_upstream_task(stack: S
     before = stack.lines("brew").count("cancelled brew"), stack.cancels("cancelled")
     asyncio.run(abandoned_call(gateway, "fm_brew", {"seconds": 30}, 6))
     wait_until(lambda: stack.lines("brew").count("cancelled brew") > before[0], 30, "the server's tool body cancelled")
+    # The worker logs its tasks/cancel once the server has answered it, which may be after the body stopped.
+    wait_until(lambda: stack.cancels("cancelled") > before[1], 30, "the worker's tasks/cancel logged")
     assert stack.cancels("cancelled") == before[1] + 1
 
 

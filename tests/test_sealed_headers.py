@@ -20,7 +20,7 @@ from tests.support.gateway_stack import wait_listening as wait_gateway
 from tests.support.redis_scan import holders
 from tests.support.servers import DnsServer, ServerThread, UpstreamState
 from tests.support.vault_stack import VAULT_KEY
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.dev.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -124,7 +124,9 @@ def test_call_headers_are_sealed_when_queued_parked_and_after_the_call(stack: Se
     item = uuid.uuid4().hex[:10]
 
     def post(tool: str) -> str:
-        body = {"tool": tool, "arguments": {"item": item}, "wait": False}
+        # Each waits for a worker started later: its deadline stretches with the machine's load (a worker's
+        # start took 28-48 s on a busy 2-core machine, past the gateway's default of 20 s).
+        body = {"tool": tool, "arguments": {"item": item}, "wait": False, "timeoutSeconds": round(scaled(60))}
         answer = httpx2.post(f"{stack.gateway.url}/v1/calls", json=body, headers=headers, timeout=60)
         assert answer.status_code == 202, answer.text
         return str(answer.json()["callId"])
