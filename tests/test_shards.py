@@ -312,7 +312,8 @@ def test_a_shard_added_by_a_rolling_restart_loses_nothing_and_runs_nothing_twice
             for producer in producers:
                 producer.join(120)
         assert not errors, errors[:3]
-        assert all(result.exit_code == 0 for _, _, result in answered.values())
+        failed = [(label, tenant, result.to_dict()) for label, tenant, result in answered.values() if result.exit_code]
+        assert not failed, failed[:3]
         for key, (label, tenant, result) in answered.items():
             expected = (before if label == "old" else after).of(tenant).name
             assert stack.holding(result.call_id) == [expected], key
