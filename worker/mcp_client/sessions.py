@@ -388,14 +388,12 @@ class Sessions:
                     return await _sent(client, name, arguments, max(timeout_s, 0.001), relay)
                 except Exception as exc:  # raised once the session is closed (its task group would wrap it)
                     failure = exc
-        except (Unsent, errors.ToolError):
+            assert failure is not None  # the call returned, or failed
+            raise failure
+        except (Unsent, TasksRequired, errors.ToolError):
             raise
         except Exception as exc:
             raise watch.take(spec.name) or mapped(exc, spec.name) from exc
-        assert failure is not None  # the call returned, or failed
-        if isinstance(failure, TasksRequired | errors.ToolError):
-            raise failure
-        raise watch.take(spec.name) or mapped(failure, spec.name) from failure
 
     async def list_tools(self, spec: ServerSpec) -> tuple[str, list[dict[str, Any]]]:
         """The protocol version negotiated and every tool the server lists (every page)."""

@@ -182,9 +182,8 @@ class LegacyTasks:
             return state.model_copy(update={"asks_on_result": True})
         if task.status not in ("completed", "failed"):
             return state
-        payload = GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=task_id))
         try:
-            result = await self._session.send_request(payload, CallToolResult, timeout_s)
+            result = await self.result(task_id, timeout_s)
         except MCPError as exc:  # the tool's failure, as the server reports it
             return state.model_copy(update={"status": "failed", "error": exc.error.model_dump(exclude_none=True)})
         # An outcome (isError or not) is the tool's answer, mapped like an inline one.

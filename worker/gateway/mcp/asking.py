@@ -130,12 +130,17 @@ def _capabilities(ctx: Context) -> types.ClientCapabilities | None:
 
 
 def _input_required(key: str, question: dict[str, Any]) -> Answer:
-    result = {
+    # The state is echoed back by the client; the answer itself is in its inputResponses.
+    return Answer("pending", input_required(key, "elicitation/create", question, key))
+
+
+def input_required(key: str, method: str, params: Mapping[str, Any], state: str) -> dict[str, Any]:
+    """A 2026-07-28 `input_required` result asking one request (`key` names it among the retry's answers)."""
+    return {
         "resultType": "input_required",
-        "inputRequests": {key: {"method": "elicitation/create", "params": question}},
-        "requestState": key,  # echoed back by the client; the answer itself is in its inputResponses
+        "inputRequests": {key: {"method": method, "params": dict(params)}},
+        "requestState": state,
     }
-    return Answer("pending", result)
 
 
 def _url_required(message: str, url: str, key: str) -> UrlElicitationRequiredError:

@@ -270,14 +270,9 @@ class Follow:
 
     def _input_required(self, event: Mapping[str, Any]) -> dict[str, Any]:
         """The upstream's request put to a 2026-07-28 caller: its retry brings the answer (`Resume`)."""
-        request_id = str(event.get("id"))
-        state = {"call": self._call_id, "after": self._last_id, "asked": request_id}
-        encoded = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
-        return {
-            "resultType": "input_required",
-            "inputRequests": {request_id: {"method": event.get("method"), "params": event.get("params") or {}}},
-            "requestState": STATE_PREFIX + encoded,
-        }
+        resume = Resume(self._call_id, self._last_id, str(event.get("id")))
+        method, params = str(event.get("method")), event.get("params") or {}
+        return asking.input_required(resume.asked, method, params, resume.state())
 
     async def _ask(self, event: Mapping[str, Any]) -> None:
         """Ask the caller the upstream's request, and hand its answer (or error) to the waiting worker."""
@@ -317,6 +312,11 @@ class Resume:
     call_id: str
     after: str
     asked: str
+
+    def state(self) -> str:
+        """The `requestState` naming this resume (read back by `of`)."""
+        fields = {"call": self.call_id, "after": self.after, "asked": self.asked}
+        return STATE_PREFIX + base64.urlsafe_b64encode(json.dumps(fields).encode()).decode()
 
     @classmethod
     def of(cls, params: Mapping[str, Any] | None) -> Resume | None:
