@@ -1,87 +1,113 @@
-"""The HTTP connections of an MCP session: the SDK's httpx client, with a cheaper look at idle connections.
+"""The HTTP connections of an MCP session: the SDK's httpx client, its requests sent with aiohttp.
+
+The SDK speaks HTTP through an httpx client it can be given; what that client sends its requests with is a
+transport of its own. httpx's (httpcore, h11, anyio's socket streams) cost a worker about a third of the SDK's
+CPU per call (yappi, a direct SDK session on `benchmarks/mcp_upstream.py`'s server); aiohttp, which the
+HTTP tools send with already, parses with its C parser and writes each request at once. httpx keeps what is
+above the transport: the session's headers, the auth flow that watches for challenges (challenges.py), the
+content decoding, the SDK's own redirect rule. aiohttp's failures are handed up as the httpx errors httpcore
+would raise for them, so the SDK and failures.py read them as before.
 
 Each request of a Streamable HTTP session is a POST of its own, so a session keeps as many connections as calls
-run on it at once. Before each request, and after each answer, httpcore looks at every idle connection of the
-pool for a server that closed it (its socket readable), asking anyio for the socket each time: anyio builds
-every attribute of the stream, a `getpeername` among them, to hand one back. With 32 calls at once that was a
-tenth of a worker's time on MCP calls (py-spy, `benchmarks/mcp_upstream.py --profile`). Here each connection
-keeps the socket it was opened with, and the look is the one `poll` httpcore makes.
-
-Like the HTTP tools' sessions (worker/http/transport.py), these ignore the environment's proxies and netrc.
+run on it at once (LIMIT). Like the HTTP tools' sessions (worker/http/transport.py), these ignore the
+environment's proxies and netrc.
 """
 
 from __future__ import annotations
 
-import ssl
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import AsyncIterator
+from functools import lru_cache
 
-import httpcore2
+import aiohttp
 import httpx2
-from httpcore2 import AsyncNetworkBackend, AsyncNetworkStream
-from httpcore2._backends.auto import AutoBackend
-from httpcore2._utils import is_socket_readable
 
-# The connections a session keeps open to its server: as many as calls run at once (httpx keeps 20 idle by
-# default, closing the 21st after each answer and opening another for the next call).
-LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
+# The connections a session keeps open to its server: as many as calls run at once.
+LIMIT = 100
+# Headers httpx sets that aiohttp writes itself (from the URL and the body).
+_OWN_HEADERS = frozenset({b"host", b"content-length", b"transfer-encoding"})
 
 
-class _Probed(AsyncNetworkStream):
-    """A connection whose readability is looked at on the socket it was opened with."""
-
-    def __init__(self, stream: AsyncNetworkStream) -> None:
-        self._stream = stream
-        self._socket = stream.get_extra_info("socket")
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._stream.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._stream.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    async def start_tls(
-        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
-    ) -> AsyncNetworkStream:
-        return _Probed(await self._stream.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable":
-            return is_socket_readable(self._socket)
-        return self._stream.get_extra_info(info)
-
-
-class _Backend(AsyncNetworkBackend):
-    """httpcore's own backend, its connections `_Probed`."""
+class AiohttpTransport(httpx2.AsyncBaseTransport):
+    """httpx's transport interface over one aiohttp session."""
 
     def __init__(self) -> None:
-        self._backend = AutoBackend()
+        self._session: aiohttp.ClientSession | None = None
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> AsyncNetworkStream:
-        return _Probed(await self._backend.connect_tcp(host, port, timeout, local_address, socket_options))
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self._session is None:  # made on the loop that sends, as aiohttp asks
+            connector = aiohttp.TCPConnector(limit=LIMIT, limit_per_host=LIMIT)
+            # httpx sets every header (and decodes the body): aiohttp adds none of its own.
+            skip = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=skip)
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw if k not in _OWN_HEADERS]
+        body = await request.aread()
+        try:
+            response = await self._session.request(
+                request.method,
+                str(request.url),
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+                timeout=_timeout(**request.extensions.get("timeout", {})),
+            )
+        except Exception as exc:
+            raise _as_httpx(exc, request) from exc
+        return httpx2.Response(
+            response.status,
+            headers=response.raw_headers,
+            stream=_Body(response, request),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode("latin-1")},
+        )
 
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> AsyncNetworkStream:
-        return _Probed(await self._backend.connect_unix_socket(path, timeout, socket_options))
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
-    async def sleep(self, seconds: float) -> None:
-        await self._backend.sleep(seconds)
+
+class _Body(httpx2.AsyncByteStream):
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx2.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except Exception as exc:
+            raise _as_httpx(exc, self._request) from exc
+
+    async def aclose(self) -> None:
+        self._response.release()  # back to the pool when read to its end, else closed
+
+
+@lru_cache(maxsize=32)
+def _timeout(
+    connect: float | None = None, read: float | None = None, write: float | None = None, pool: float | None = None
+) -> aiohttp.ClientTimeout:
+    """httpx's timeouts as aiohttp's: the connection (waiting for one from the pool included), and each read."""
+    waits = [t for t in (connect, pool) if t is not None]
+    return aiohttp.ClientTimeout(total=None, connect=max(waits) if waits else None, sock_read=read)
+
+
+def _as_httpx(exc: Exception, request: httpx2.Request) -> Exception:
+    """The httpx error httpcore raises for what aiohttp raised (anything else as it is)."""
+    error: type[httpx2.TransportError]
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        error = httpx2.ConnectTimeout
+    elif isinstance(exc, TimeoutError):
+        error = httpx2.ReadTimeout
+    elif isinstance(exc, aiohttp.ClientConnectorError):
+        error = httpx2.ConnectError
+    elif isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        error = httpx2.RemoteProtocolError
+    elif isinstance(exc, aiohttp.ClientError | OSError):
+        error = httpx2.ReadError
+    else:
+        return exc
+    return error(str(exc) or type(exc).__name__, request=request)
 
 
 def http_client(headers: dict[str, str], timeout: httpx2.Timeout, auth: httpx2.Auth) -> httpx2.AsyncClient:
-    """The httpx client of one MCP session (what the SDK's `create_mcp_http_client` makes, with the pool above)."""
-    transport = httpx2.AsyncHTTPTransport(limits=LIMITS, trust_env=False)
-    pool: httpcore2.AsyncConnectionPool = transport._pool  # the transport's own (it has no proxy)
-    pool._network_backend = _Backend()
+    """The httpx client of one MCP session (what the SDK's `create_mcp_http_client` makes, sent with aiohttp)."""
+    transport = AiohttpTransport()
     return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, transport=transport, trust_env=False)

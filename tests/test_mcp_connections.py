@@ -1,0 +1,106 @@
+"""An MCP session's HTTP client at its seam: httpx above, aiohttp sending, against a local aiohttp server.
+
+What the SDK and worker/mcp_client/failures.py read must be what httpx's own transport gives: the headers the
+client set (once each), a compressed body decoded once, a streamed body chunk by chunk, and aiohttp's
+failures as the httpx errors that name them (refused: ConnectError; silent: ReadTimeout; cut off:
+RemoteProtocolError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator
+
+import httpx2
+import pytest
+from aiohttp import web
+
+from worker import errors
+from worker.dev.embedded import free_port
+from worker.mcp_client.challenges import Watch
+from worker.mcp_client.connections import http_client
+from worker.mcp_client.failures import mapped
+
+
+async def _headers(request: web.Request) -> web.Response:
+    return web.json_response({"headers": [[k, v] for k, v in request.headers.items()], "body": await request.text()})
+
+
+async def _gzipped(_: web.Request) -> web.Response:
+    body = gzip.compress(b'{"ok": true}')
+    return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for i in range(3):
+        await response.write(f"data: {i}\n\n".encode())
+        await asyncio.sleep(0.01)
+    return response
+
+
+async def _silent(_: web.Request) -> web.Response:
+    await asyncio.sleep(1)
+    return web.Response(text="late")
+
+
+async def _cut(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Length": "1000"})
+    await response.prepare(request)
+    await response.write(b"partial")
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/headers", _headers)
+    app.router.add_get("/gzip", _gzipped)
+    app.router.add_get("/events", _events)
+    app.router.add_get("/silent", _silent)
+    app.router.add_get("/cut", _cut)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def _client(timeout: float = 5.0) -> httpx2.AsyncClient:
+    return http_client(
+        {"Authorization": "Bearer t", "MCP-Protocol-Version": "2026-07-28"}, httpx2.Timeout(timeout), Watch()
+    )
+
+
+async def test_requests_carry_the_clients_headers_once_and_bodies_are_read_as_httpx_reads_them(server: str) -> None:
+    async with _client() as client:
+        sent = (await client.post(f"{server}/headers", json={"jsonrpc": "2.0"})).json()
+        names = [name.lower() for name, _ in sent["headers"]]
+        assert sorted(set(names)) == sorted(names)  # none twice
+        assert dict((k.lower(), v) for k, v in sent["headers"])["authorization"] == "Bearer t"
+        assert "mcp-protocol-version" in names and sent["body"] == '{"jsonrpc":"2.0"}'
+        assert (await client.get(f"{server}/gzip")).json() == {"ok": True}
+        async with client.stream("GET", f"{server}/events") as response:
+            received = b"".join([chunk async for chunk in response.aiter_bytes()])
+        assert received == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+async def test_failures_are_the_httpx_errors_the_worker_maps_to_exit_codes(server: str) -> None:
+    async with _client(timeout=0.3) as client:
+        refused = f"http://127.0.0.1:{free_port()}/"
+        with pytest.raises(httpx2.ConnectError) as caught:
+            await client.get(refused)
+        assert isinstance(mapped(caught.value, "s"), errors.ConnectFailed)
+        with pytest.raises(httpx2.ReadTimeout) as late:
+            await client.get(f"{server}/silent")
+        assert isinstance(mapped(late.value, "s"), errors.TimedOut)
+        with pytest.raises(httpx2.RemoteProtocolError) as cut:
+            await client.get(f"{server}/cut")
+        assert isinstance(mapped(cut.value, "s"), errors.ReceiveFailed)
