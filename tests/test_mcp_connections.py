@@ -2,14 +2,16 @@
 
 What the SDK and worker/mcp_client/failures.py read must be what httpx's own transport gives: the headers the
 client set (once each), a compressed body decoded once, a streamed body chunk by chunk, and aiohttp's
-failures as the httpx errors that name them (refused: ConnectError; silent: ReadTimeout; cut off:
-RemoteProtocolError).
+failures as the httpx errors that name them (refused: ConnectError; a connection never accepted within the
+connect timeout: ConnectTimeout; silent: ReadTimeout; cut off: RemoteProtocolError).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
+import time
 from collections.abc import AsyncIterator
 
 import httpx2
@@ -98,6 +100,16 @@ async def test_failures_are_the_httpx_errors_the_worker_maps_to_exit_codes(serve
         with pytest.raises(httpx2.ConnectError) as caught:
             await client.get(refused)
         assert isinstance(mapped(caught.value, "s"), errors.ConnectFailed)
+        with socket.socket() as full:  # a backlog of none, taken by one connection: the next SYN is dropped
+            full.bind(("127.0.0.1", 0))
+            full.listen(0)
+            with socket.create_connection(full.getsockname()):
+                connect_only = httpx2.Timeout(30.0, connect=0.3)
+                started = time.monotonic()
+                with pytest.raises(httpx2.ConnectTimeout) as unanswered:
+                    await client.get(f"http://127.0.0.1:{full.getsockname()[1]}/", timeout=connect_only)
+                assert time.monotonic() - started < 15  # the connect timeout's, not the pool's 30 s
+        assert isinstance(mapped(unanswered.value, "s"), errors.TimedOut)
         with pytest.raises(httpx2.ReadTimeout) as late:
             await client.get(f"{server}/silent")
         assert isinstance(mapped(late.value, "s"), errors.TimedOut)

@@ -84,9 +84,9 @@ class _Body(httpx2.AsyncByteStream):
 def _timeout(
     connect: float | None = None, read: float | None = None, write: float | None = None, pool: float | None = None
 ) -> aiohttp.ClientTimeout:
-    """httpx's timeouts as aiohttp's: the connection (waiting for one from the pool included), and each read."""
-    waits = [t for t in (connect, pool) if t is not None]
-    return aiohttp.ClientTimeout(total=None, connect=max(waits) if waits else None, sock_read=read)
+    """httpx's timeouts as aiohttp's: a connection made (connect), one waited for from the pool, connecting
+    included (pool), each read (read). aiohttp writes a request's body without a time of its own."""
+    return aiohttp.ClientTimeout(total=None, connect=pool, sock_connect=connect, sock_read=read)
 
 
 def _as_httpx(exc: Exception, request: httpx2.Request) -> Exception:
