@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from tests.support.waiting import scaled
 from worker.call import connect as connect_module
 from worker.call.connect import ConnectLinks
-from worker.call.renewal import SEND_MARGIN_S
+from worker.call.renewal import MAX_SEND_MARGIN_S, SEND_MARGIN_S
 from worker.call.vault import Keyring, TokenSet, Vault, VaultKeyError, record_key
 from worker.definitions import file_store
 from worker.gateway.identity.oauth import JwtVerifier
@@ -177,6 +177,13 @@ def test_a_tokens_expiry_runs_from_the_request_and_ends_by_its_own_exp() -> None
 
 
 def test_a_token_is_not_usable_within_the_send_margin_of_its_expiry() -> None:
-    """A token with less than SEND_MARGIN_S left is not handed to a call (it would expire on its way)."""
-    tokens = TokenSet("at", None, expires_at=100.0, obtained_at=95.0)
-    assert tokens.usable(100.0 - SEND_MARGIN_S - 0.01) and not tokens.usable(100.0 - SEND_MARGIN_S + 0.01)
+    """A token is not handed to a call in the last share of its lifetime that its send margin is (it would
+    expire on its way, or wait past its expiry on a stalled host): a five-second token's last second, an hour's
+    token's last minute (the cap), and the last SEND_MARGIN_S of one whose start is not known."""
+    short = TokenSet("at", None, expires_at=100.0, obtained_at=95.0)
+    assert short.usable(98.99) and not short.usable(99.01)
+    hour = TokenSet("at", None, expires_at=5000.0, obtained_at=1400.0)
+    assert hour.usable(5000.0 - MAX_SEND_MARGIN_S - 0.01) and not hour.usable(5000.0 - MAX_SEND_MARGIN_S + 0.01)
+    unknown = TokenSet("at", None, expires_at=100.0)
+    assert unknown.usable(100.0 - SEND_MARGIN_S - 0.01) and not unknown.usable(100.0 - SEND_MARGIN_S + 0.01)
+    assert TokenSet("at").usable(1e12)  # no expiry: always

@@ -13,7 +13,6 @@ from worker import errors, metrics, tracing
 from worker.call import ratelimit
 from worker.call.admission import MAX_RATE_WAIT_S
 from worker.call.circuit import CircuitBreaker
-from worker.call.renewal import SEND_MARGIN_S
 from worker.call.runtime import Runtime, pool_spec
 from worker.definitions.model import Upstream
 from worker.http.egress import EgressPolicy
@@ -68,8 +67,8 @@ class Attempt:
     def _check_credential(self) -> None:
         """After the waits (rate limit, a retry's backoff): an access token about to expire is not sent, as
         the upstream would refuse it (and may count the failed authentication); the call renews it."""
-        expires_at = self.request.credential_expires_at
-        if expires_at and time.time() + SEND_MARGIN_S >= expires_at:
+        send_by = self.request.credential_send_by
+        if send_by and time.time() >= send_by:
             raise errors.CredentialExpiring("The access token would expire before the upstream received it.")
 
     def _record(self, failed: bool) -> None:

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from worker import errors
 from worker.call.circuit import Clock
 from worker.call.rendering import render_secret
-from worker.call.renewal import REFRESH_AT_SHARE, SEND_MARGIN_S, single_flight
+from worker.call.renewal import REFRESH_AT_SHARE, send_by, single_flight
 from worker.definitions.model import Auth, Upstream
 from worker.http.oauth import Token, TokenRequest, fetch_token
 from worker.http.transport import HttpTransport, PreparedRequest
@@ -46,13 +46,18 @@ class CachedToken:
     value: str
     expires_at: float
     refresh_at: float
+    obtained_at: float = 0.0
 
     def fresh(self, stale: str | None, now: float) -> bool:
         return self.value != stale and now < self.refresh_at
 
     def usable(self, stale: str | None, now: float) -> bool:
-        """Whether it may still be sent: it has SEND_MARGIN_S of its life left."""
-        return self.value != stale and now + SEND_MARGIN_S < self.expires_at
+        """Whether it may still be sent: it has its send margin of life left."""
+        return self.value != stale and now < self.send_by
+
+    @property
+    def send_by(self) -> float:
+        return send_by(self.obtained_at, self.expires_at)
 
 
 class TokenCache:
@@ -95,7 +100,12 @@ class TokenCache:
 
         async def renew(current: CachedToken | None) -> CachedToken:
             cached = await self._fetched(fetch)
-            record = {"token": cached.value, "expiresAt": cached.expires_at, "refreshAt": cached.refresh_at}
+            record = {
+                "token": cached.value,
+                "expiresAt": cached.expires_at,
+                "refreshAt": cached.refresh_at,
+                "obtainedAt": cached.obtained_at,
+            }
             assert self._redis is not None
             ttl_ms = max(1, int((cached.expires_at - self._clock()) * 1000))
             await self._redis.set(key, json.dumps(record), px=ttl_ms)
@@ -118,7 +128,7 @@ class TokenCache:
         if raw is None:
             return None
         data = json.loads(raw)
-        return CachedToken(data["token"], data["expiresAt"], data["refreshAt"])
+        return CachedToken(data["token"], data["expiresAt"], data["refreshAt"], data.get("obtainedAt", 0.0))
 
     async def _fetched(self, fetch: Callable[[], Awaitable[Token]]) -> CachedToken:
         """A new token; its lifetime runs from when its request was sent (the server issued it after that,
@@ -126,7 +136,7 @@ class TokenCache:
         sent_at = self._clock()
         token = await fetch()
         lifetime_s = token.expires_in_s
-        return CachedToken(token.access_token, sent_at + lifetime_s, sent_at + REFRESH_AT_SHARE * lifetime_s)
+        return CachedToken(token.access_token, sent_at + lifetime_s, sent_at + REFRESH_AT_SHARE * lifetime_s, sent_at)
 
 
 async def authorize(
@@ -148,8 +158,8 @@ async def authorize(
     if auth.delegated:  # the call's user's own token, from the vault
         if user_token is None:
             raise errors.ToolMisconfigured("This tool acts for its user, and this worker has no vault.")
-        token, expires_at = await user_token(call.user, upstream, env, transport, deadline, stale)
-        request = replace(request, credential_expires_at=expires_at)  # checked again just before sending
+        token, send_by_at = await user_token(call.user, upstream, env, transport, deadline, stale)
+        request = replace(request, credential_send_by=send_by_at)  # checked again just before sending
         return _with_header(request, "Authorization", f"Bearer {token}", token), token
     user = _per_call(auth, call)
     if user is not None:
@@ -158,7 +168,7 @@ async def authorize(
         cached = await tokens.cached(
             _token_key(auth, upstream, env), _fetcher(auth, upstream, env, deadline, transport), deadline, stale
         )
-        request = replace(request, credential_expires_at=cached.expires_at)  # checked again just before sending
+        request = replace(request, credential_send_by=cached.send_by)  # checked again just before sending
         return _with_header(request, "Authorization", f"Bearer {cached.value}", cached.value), cached.value
     return _credential(request, auth, _static(auth, env)), None
 

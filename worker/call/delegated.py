@@ -145,7 +145,7 @@ class UserTokens:
             deadline,
             now,
         )
-        return tokens.access_token, tokens.expires_at
+        return tokens.access_token, tokens.send_by
 
     async def _exchanged(self, user: str, upstream: Upstream, stale: str | None) -> tuple[str, float]:
         assert self.vault is not None
@@ -155,7 +155,7 @@ class UserTokens:
                 "This tool needs the caller's access token exchanged for one of this upstream's, which the gateway "
                 "does when an OAuth-authenticated caller calls the tool. Call it again through the gateway."
             )
-        return tokens.access_token, tokens.expires_at
+        return tokens.access_token, tokens.send_by
 
     async def _refresh(
         self,

@@ -14,14 +14,28 @@ import redis.asyncio as aioredis
 from worker import errors
 from worker.call.circuit import Clock
 
-# A token is refreshed once this share of its lifetime has passed (workers keep using it meanwhile).
+# A token is refreshed once this share of its lifetime has passed (workers keep using it meanwhile, up to
+# its send margin).
 REFRESH_AT_SHARE = 0.8
-# A token is sent only with this much of its life left (checked again after the call's waits, just before
-# sending): the time the request takes to reach the upstream, and a clock that runs a little ahead there.
+# A token is sent only with a margin of its life left (checked again after the call's waits, just before
+# sending): the time the request takes to reach the upstream (on a loaded host, a stall of a second
+# between the check and the upstream's own), and a clock that runs a little ahead there. The margin is a
+# share of the token's lifetime, at least SEND_MARGIN_S and at most MAX_SEND_MARGIN_S: an hour's token is
+# not sent in its last minute, a five-second one not in its last second. For tokens that live under five
+# minutes it reaches the refresh point: calls then wait for the renewal rather than send the old token.
 SEND_MARGIN_S = 0.5
+SEND_MARGIN_SHARE = 1 - REFRESH_AT_SHARE
+MAX_SEND_MARGIN_S = 60.0
 _LOCK_MS = 15_000
 _POLL_S = 0.05
 T = TypeVar("T")
+
+
+def send_by(obtained_at: float, expires_at: float) -> float:
+    """The last moment a token may be sent: its expiry less its send margin (SEND_MARGIN_S alone when when it
+    was obtained is not known)."""
+    lifetime_s = expires_at - obtained_at if obtained_at else 0.0
+    return expires_at - min(MAX_SEND_MARGIN_S, max(SEND_MARGIN_S, SEND_MARGIN_SHARE * lifetime_s))
 
 
 async def single_flight(

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.typing import EncodableT, FieldT
 
-from worker.call.renewal import REFRESH_AT_SHARE, SEND_MARGIN_S
+from worker.call.renewal import REFRESH_AT_SHARE, send_by
 from worker.constants import AUDIT_STREAM_KEY
 from worker.sealing import Keyring as Keyring
 from worker.sealing import VaultKeyError as VaultKeyError
@@ -63,8 +63,13 @@ class TokenSet:
         return now >= self.refresh_at(REFRESH_AT_SHARE)
 
     def usable(self, now: float) -> bool:
-        """Whether it may still be sent: it has SEND_MARGIN_S of its life left."""
-        return not self.expires_at or now + SEND_MARGIN_S < self.expires_at
+        """Whether it may still be sent: it has its send margin of life left (or never expires)."""
+        return not self.expires_at or now < self.send_by
+
+    @property
+    def send_by(self) -> float:
+        """The last moment it may be sent (0: no expiry)."""
+        return send_by(self.obtained_at, self.expires_at) if self.expires_at else 0.0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

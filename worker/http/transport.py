@@ -59,8 +59,9 @@ class PreparedRequest:
     secrets: frozenset[str]
     secret_headers: frozenset[str]
     dropped_headers: tuple[str, ...] = ()
-    # When the access token on it expires (epoch seconds; 0: none, or no expiry): not sent past that.
-    credential_expires_at: float = 0.0
+    # The last moment the access token on it may be sent (epoch seconds; 0: none, or no expiry): its expiry
+    # less its send margin (worker/call/renewal.py).
+    credential_send_by: float = 0.0
 
     def redacted_headers(self) -> dict[str, str]:
         return {
