@@ -32,8 +32,8 @@ T = TypeVar("T")
 
 
 def send_by(obtained_at: float, expires_at: float) -> float:
-    """The last moment a token may be sent: its expiry less its send margin (SEND_MARGIN_S alone when when it
-    was obtained is not known)."""
+    """The last moment a token may be sent: its expiry less its send margin (SEND_MARGIN_S alone when it is
+    not known when the token was obtained)."""
     lifetime_s = expires_at - obtained_at if obtained_at else 0.0
     return expires_at - min(MAX_SEND_MARGIN_S, max(SEND_MARGIN_S, SEND_MARGIN_SHARE * lifetime_s))
 

@@ -39,7 +39,9 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             # httpx sets every header (and decodes the body): aiohttp adds none of its own.
             skip = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=skip)
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw if k not in _OWN_HEADERS]
+        headers = [
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw if k.lower() not in _OWN_HEADERS
+        ]
         body = await request.aread()
         try:
             response = await self._session.request(
