@@ -15,6 +15,7 @@ store under) is answered here, without the queue: no claim, no message, no worke
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import secrets
@@ -27,7 +28,9 @@ from functools import lru_cache
 from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
 from jsonschema import Draft202012Validator
+from redis.exceptions import RedisError
 
 from worker import tracing
 from worker.call import cache
@@ -52,6 +55,7 @@ from worker.queue import approvals, programs
 from worker.queue.publisher import Publisher
 from worker.settings import Settings
 
+log = structlog.get_logger("toolworker.gateway.calls")
 MAX_CALL_ID_CHARS = 256
 # What a client refused for its tenant's max_queued is told to wait before it tries again (Retry-After).
 QUEUE_FULL_RETRY_AFTER_S = 5
@@ -153,14 +157,20 @@ class Calls:
             self._record(submitted, hit.exit_code)
             return submitted
         await self.health.admit()
-        if not await self._claim(call_id, spec):
+        upstream = self.catalog.snapshot.upstream(tool)
+        exchanging = upstream.auth is not None and upstream.auth.type == "oauth2_token_exchange"
+        delegation = self.delegation if exchanging else None
+        # A callId the gateway made up cannot be taken: its claim is written while the call is enqueued (one
+        # round trip fewer before the call reaches a worker). A client's must be checked first.
+        beside = spec.call_id is None and spec.approved_by is None and delegation is None
+        claimed = asyncio.ensure_future(self._claim(call_id, spec)) if beside else None
+        if claimed is None and not await self._claim(call_id, spec):
             return Submitted(call_id, tool, enqueued=False, principal=spec.principal)
         if spec.approved_by is not None:
             await self._grant(call_id, tool, spec)
-        upstream = self.catalog.snapshot.upstream(tool)
         headers = forwarded(spec.headers, upstream)
-        if self.delegation is not None and upstream.auth is not None and upstream.auth.type == "oauth2_token_exchange":
-            await self.delegation.exchange(spec.principal.name, upstream, spec.subject_token)
+        if delegation is not None:
+            await delegation.exchange(spec.principal.name, upstream, spec.subject_token)
         call = (spec.tool, self._arguments(tool, spec), headers)
         trace = spec.trace or tracing.context_from(spec.headers)
         who = spec.principal
@@ -179,8 +189,15 @@ class Calls:
                     relay=spec.relay,
                 )
         except BaseException:  # not enqueued: the same callId may be sent again
+            if claimed is not None:
+                await asyncio.gather(claimed, return_exceptions=True)
             await self._claims.release(call_id)
             raise
+        if claimed is not None:
+            try:
+                await claimed
+            except RedisError as exc:  # enqueued all the same: it is answered, but cannot be looked up by callId
+                log.warning("gateway.claim_not_written", callId=call_id, error=str(exc))
         return Submitted(call_id, tool, True, who, taken_at, started_s)
 
     def _arguments(self, tool: Tool, spec: CallSpec) -> dict[str, Any]:

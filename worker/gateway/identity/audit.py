@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -44,7 +44,7 @@ class Record:
     durationMs: float
 
     def fields(self) -> dict[str, str]:
-        return {k: "pending" if v is None else str(v) for k, v in asdict(self).items()}
+        return {k: "pending" if v is None else str(v) for k, v in vars(self).items()}
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Action:
     detail: str = ""  # what the operator said (an approval's reason)
 
     def fields(self) -> dict[str, str]:
-        return {k: str(v) for k, v in asdict(self).items()}
+        return {k: str(v) for k, v in vars(self).items()}
 
 
 def action(principal: str, tenant: str, name: str, target: str = "", detail: str = "") -> Action:
@@ -66,7 +66,7 @@ def action(principal: str, tenant: str, name: str, target: str = "", detail: str
 
 def write_action(client: redis.Redis, entry: Action, maxlen: int) -> None:
     """An action's record, written at once (the CLI)."""
-    log.info("operator.action", **asdict(entry))
+    log.info("operator.action", **vars(entry))
     client.xadd(AUDIT_STREAM_KEY, stream_fields(entry), maxlen=maxlen, approximate=True)
 
 
@@ -83,7 +83,7 @@ class Decision:
     reason: str
 
     def fields(self) -> dict[str, str]:
-        return asdict(self)
+        return dict(vars(self))
 
 
 def stream_fields(entry: Record | Action | Decision) -> dict[FieldT, EncodableT]:
@@ -99,7 +99,7 @@ class AuditTrail:
         self._flusher: asyncio.Task[None] | None = None
 
     def record(self, entry: Record | Action | Decision) -> None:
-        log.info(_EVENTS[type(entry)], **asdict(entry))
+        log.info(_EVENTS[type(entry)], **vars(entry))  # every field a scalar: no deep copy
         self._pending.append(entry)
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
