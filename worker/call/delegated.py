@@ -19,7 +19,6 @@ import redis.asyncio as aioredis
 from worker import errors
 from worker.call.circuit import Clock
 from worker.call.connect import ConnectLinks
-from worker.call.mcp_clients import forget_registrations
 from worker.call.rendering import render_secret
 from worker.call.renewal import single_flight
 from worker.call.vault import Keyring, TokenSet, Vault, audit, record_key
@@ -184,6 +183,8 @@ class UserTokens:
             issued = await grant(transport, request)
         except errors.AuthorizationRequired as exc:
             if isinstance(exc, ClientRejected):  # a registration the server dropped: registered anew
+                from worker.call.mcp_clients import forget_registrations  # the MCP SDK: loaded when needed
+
                 await forget_registrations(self.vault.redis, upstream.name)
             await self.vault.delete(user, upstream.name)
             await audit(self.vault.redis, "refresh_failed", user, upstream.name, self._audit_maxlen)

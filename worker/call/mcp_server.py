@@ -4,15 +4,18 @@ credential on them by the same `authorize` as an HTTP upstream's, so every auth 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from worker.call.auth import TokenCache, authorize
 from worker.call.delegated import UserTokens
-from worker.call.mcp_authorization import McpAuthorization
 from worker.call.rendering import render_secret
 from worker.definitions.model import Upstream
 from worker.http.transport import HttpTransport, PreparedRequest
 from worker.mcp_client.spec import ServerSpec
 from worker.protocol import ToolCall
+
+if TYPE_CHECKING:
+    from worker.call.mcp_authorization import McpAuthorization
 
 
 def bare_request(upstream: Upstream, environ: Mapping[str, str]) -> PreparedRequest:

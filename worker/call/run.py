@@ -19,7 +19,6 @@ from worker.call.catalog_tools import CatalogTool
 from worker.call.handlers import DefinedTool, ToolHandler
 from worker.call.http_request import HttpRequestTool
 from worker.call.job import Answer, Job
-from worker.call.mcp_tool import McpTool
 from worker.call.runtime import Runtime
 from worker.constants import KIND_CATALOG, KIND_DEFINED, KIND_HTTP_REQUEST, KIND_MCP, TENANT_RATE_LIMIT_KEY_PREFIX
 from worker.envelope import ToolResult
@@ -31,8 +30,17 @@ HANDLERS: dict[str, ToolHandler] = {
     KIND_DEFINED: DefinedTool(),
     KIND_HTTP_REQUEST: HttpRequestTool(),
     KIND_CATALOG: CatalogTool(),
-    KIND_MCP: McpTool(),
 }
+
+
+def handler_of(kind: str) -> ToolHandler:
+    """The handler of a tool kind; an MCP tool's is made by the first MCP call, which loads the MCP SDK (a
+    worker that serves HTTP tools alone goes without its 32 MB)."""
+    if kind == KIND_MCP and kind not in HANDLERS:
+        from worker.call.mcp_tool import McpTool
+
+        HANDLERS[kind] = McpTool()
+    return HANDLERS[kind]
 
 
 async def run_call(call: ToolCall, runtime: Runtime, received_at: float | None = None) -> ToolResult:
@@ -81,7 +89,7 @@ async def _answered(job: Job, runtime: Runtime) -> ToolResult:
 
 async def _answer(job: Job, runtime: Runtime) -> Answer:
     """The handler's answer; a paginated tool's, page after page."""
-    handler = HANDLERS[job.tool.kind]
+    handler = handler_of(job.tool.kind)
     if job.tool.pagination is None or job.tool.kind != KIND_DEFINED:
         return await handler.answer(job, runtime)
     budget_chars = job.tool.max_output_chars or job.upstream.max_output_chars

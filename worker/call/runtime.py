@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from jsonschema import Draft202012Validator
@@ -12,14 +13,16 @@ from worker.call.auth import TokenCache
 from worker.call.circuit import Breakers
 from worker.call.delegated import UserTokens
 from worker.call.fairness import FairTurns
-from worker.call.mcp_authorization import McpAuthorization
 from worker.call.vault import Keyring
 from worker.constants import TOOL_ALIASES
 from worker.definitions.mcp_tools import unlisted_tool
 from worker.definitions.model import Tool, ToolSet, Upstream
 from worker.http.egress import EgressPolicy
 from worker.http.transport import HttpTransport, PoolSpec
-from worker.mcp_client.sessions import Sessions
+
+if TYPE_CHECKING:  # the MCP client (and the SDK under it, 32 MB) is loaded by the first MCP call
+    from worker.call.mcp_authorization import McpAuthorization
+    from worker.mcp_client.sessions import Sessions
 
 # Calls to one upstream under way at once (rendered, sent or being answered), per pooled connection:
 # enough that a connection coming free finds its next request ready.
@@ -52,15 +55,35 @@ class Runtime:
         self.tokens = TokenCache(redis)
         # End users' tokens (the vault); without keys, tools that act for a user are refused (78).
         self.users = users or UserTokens(redis, Keyring([]), None, 0)
-        # One session per MCP server, reused by every call of this process.
-        self.mcp = mcp or Sessions()
-        # MCP servers' authorization servers, found as the MCP specification's client finds them.
-        links = self.users.links
-        self.mcp_authorization = McpAuthorization(
-            redis, self.policy, self.transport, self.users.keyring, links.public_url if links else None
-        )
+        self._mcp = mcp
+        self._mcp_authorization: McpAuthorization | None = None
+        # Told which upstream's server said its tools changed, on a session this process holds.
+        self.on_tools_changed: Callable[[str], None] | None = None
         self._validators: dict[str, Draft202012Validator] = {}
         self._turns: dict[str, FairTurns] = {}
+
+    @property
+    def mcp(self) -> Sessions:
+        """One session per MCP server, reused by every call of this process (made by the first MCP call)."""
+        if self._mcp is None:
+            from worker.mcp_client.sessions import Sessions
+
+            self._mcp = Sessions()
+            self._mcp.on_tools_changed = self.on_tools_changed
+        return self._mcp
+
+    @property
+    def mcp_authorization(self) -> McpAuthorization:
+        """MCP servers' authorization servers, found as the MCP specification's client finds them."""
+        if self._mcp_authorization is None:
+            from worker.call.mcp_authorization import McpAuthorization
+
+            links = self.users.links
+            public_url = links.public_url if links else None
+            self._mcp_authorization = McpAuthorization(
+                self.redis, self.policy, self.transport, self.users.keyring, public_url
+            )
+        return self._mcp_authorization
 
     def _tool(self, name: str) -> Tool | None:
         """The tool of a name: the catalog's, else one of an MCP upstream not listed yet."""
@@ -106,7 +129,8 @@ class Runtime:
         return validator
 
     async def close(self) -> None:
-        await self.mcp.close()
+        if self._mcp is not None:
+            await self._mcp.close()
         await self.transport.close()
 
 

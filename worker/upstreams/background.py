@@ -3,6 +3,7 @@ whose server said its tools changed, and serving every listing stored (by any pr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -24,16 +25,24 @@ def upstream_work(
     poll_s: float,
     audit_maxlen: int,
 ) -> list[Coroutine[Any, Any, None]]:
-    """The coroutines to run on the process's loop (none without Redis)."""
+    """The coroutines to run on the process's loop (none without Redis). The refresher is made when first
+    needed (an MCP upstream is defined, or a server says its tools changed): with it, the MCP client."""
     client: aioredis.Redis | None = runtime.redis
     if client is None:
         return []
     users = UserTokens(client, runtime.users.keyring, None, audit_maxlen)
-    refresher = Refresher(
-        client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization, users
-    )
 
-    runtime.mcp.on_tools_changed = ChangedTools(refresher, defined).changed
+    @functools.cache
+    def refresher() -> Refresher:
+        return Refresher(
+            client, runtime.mcp, runtime.environ, runtime.transport, audit_maxlen, runtime.mcp_authorization, users
+        )
+
+    @functools.cache
+    def changes() -> ChangedTools:
+        return ChangedTools(refresher(), defined)
+
+    runtime.on_tools_changed = lambda upstream: changes().changed(upstream)
 
     def wanted() -> bool:
         return listings.has_mcp(defined())

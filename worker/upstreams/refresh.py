@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 import structlog
@@ -19,7 +20,6 @@ from redis.exceptions import RedisError
 from worker import errors
 from worker.call.auth import TokenCache
 from worker.call.delegated import UserTokens
-from worker.call.mcp_authorization import McpAuthorization
 from worker.call.mcp_server import server_spec
 from worker.call.vault import lister
 from worker.constants import MCP_REFRESH_LOCK_PREFIX
@@ -27,8 +27,11 @@ from worker.definitions import listings
 from worker.definitions.mcp_tools import Listing, accepted, kept, merged
 from worker.definitions.model import ToolSet, Upstream
 from worker.http.transport import HttpTransport
-from worker.mcp_client.sessions import Sessions
 from worker.protocol import ToolCall
+
+if TYPE_CHECKING:  # the MCP client: loaded by whoever makes the sessions
+    from worker.call.mcp_authorization import McpAuthorization
+    from worker.mcp_client.sessions import Sessions
 
 log = structlog.get_logger("toolworker.upstreams")
 # How often the workers look for an upstream whose refresh is due.
@@ -139,12 +142,12 @@ class Refresher:
             await asyncio.sleep(LOCK_WAIT_S)
 
 
-async def refresh_forever(refresher: Refresher, toolset: Callable[[], ToolSet]) -> None:
+async def refresh_forever(refresher: Callable[[], Refresher], toolset: Callable[[], ToolSet]) -> None:
     """Refresh what is due, every DUE_CHECK_S, for as long as the task runs (through Redis outages)."""
     while True:
         try:
             if listings.has_mcp(toolset()):  # no MCP upstream: nothing to read, Redis is not asked
-                await refresher.refresh_due(toolset())
+                await refresher().refresh_due(toolset())
         except RedisError as exc:
             log.warning("mcp.refresh_check_failed", error=str(exc))
         await asyncio.sleep(DUE_CHECK_S)
