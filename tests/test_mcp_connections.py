@@ -3,7 +3,9 @@
 What the SDK and worker/mcp_client/failures.py read must be what httpx's own transport gives: the headers the
 client set (once each), a compressed body decoded once, a streamed body chunk by chunk, and aiohttp's
 failures as the httpx errors that name them (refused: ConnectError; a connection never accepted within the
-connect timeout: ConnectTimeout; silent: ReadTimeout; cut off: RemoteProtocolError).
+connect timeout: ConnectTimeout; silent: ReadTimeout; cut off: RemoteProtocolError). And the guards of the HTTP
+tools' pools hold here too: a response nobody asked for, sent on an idle connection, is never read as the
+next request's answer, and cookies are httpx's alone (aiohttp keeps none of its own to add).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import httpx2
 import pytest
 from aiohttp import web
 
+from tests.support.hostile import HostileUpstream
 from worker import errors
 from worker.dev.embedded import free_port
 from worker.mcp_client.challenges import Watch
@@ -27,6 +30,12 @@ from worker.mcp_client.failures import mapped
 
 async def _headers(request: web.Request) -> web.Response:
     return web.json_response({"headers": [[k, v] for k, v in request.headers.items()], "body": await request.text()})
+
+
+async def _cookie(_: web.Request) -> web.Response:
+    response = web.json_response({})
+    response.set_cookie("route", "b7")
+    return response
 
 
 async def _gzipped(_: web.Request) -> web.Response:
@@ -62,6 +71,7 @@ async def server() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/headers", _headers)
     app.router.add_get("/gzip", _gzipped)
+    app.router.add_get("/cookie", _cookie)
     app.router.add_get("/events", _events)
     app.router.add_get("/silent", _silent)
     app.router.add_get("/cut", _cut)
@@ -116,3 +126,31 @@ async def test_failures_are_the_httpx_errors_the_worker_maps_to_exit_codes(serve
         with pytest.raises(httpx2.RemoteProtocolError) as cut:
             await client.get(f"{server}/cut")
         assert isinstance(mapped(cut.value, "s"), errors.ReceiveFailed)
+
+
+async def test_a_response_sent_on_an_idle_connection_is_not_the_next_requests_answer() -> None:
+    """The server writes an extra response on the kept-alive connection after its answer: the connection is
+    dropped, and every later request gets its own answer."""
+    hostile = HostileUpstream().start()
+    try:
+        async with _client() as client:
+            assert (await client.get(f"{hostile.url}/case/inject")).content == b"first"
+            await asyncio.to_thread(hostile.injected.wait, 10)
+            await asyncio.to_thread(hostile.poisoned_dropped.wait, 10)
+            answers = [(await client.get(f"{hostile.url}/case/echo-{n}")).content for n in ("a", "b", "c")]
+        assert answers == [b"a", b"b", b"c"]
+        assert hostile.poisoned_dropped.is_set()
+    finally:
+        hostile.stop()
+
+
+async def test_the_cookies_sent_are_those_httpx_holds(server: str) -> None:
+    """A cookie the server sets is sent back once; one httpx no longer holds is not sent (aiohttp keeps none)."""
+    named = server.replace("127.0.0.1", "localhost")  # a host name: cookie jars keep no cookie of an address
+    async with _client() as client:
+        await client.get(f"{named}/cookie")
+        kept = (await client.post(f"{named}/headers", json={})).json()
+        client.cookies.clear()
+        cleared = (await client.post(f"{named}/headers", json={})).json()
+    assert [value for name, value in kept["headers"] if name.lower() == "cookie"] == ["route=b7"], kept
+    assert [value for name, value in cleared["headers"] if name.lower() == "cookie"] == [], cleared

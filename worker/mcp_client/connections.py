@@ -21,6 +21,8 @@ from functools import lru_cache
 import aiohttp
 import httpx2
 
+from worker.http.transport import KeepAliveConnector
+
 # The connections a session keeps open to its server: as many as calls run at once.
 LIMIT = 100
 # Headers httpx sets that aiohttp writes itself (from the URL and the body).
@@ -35,10 +37,16 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if self._session is None:  # made on the loop that sends, as aiohttp asks
-            connector = aiohttp.TCPConnector(limit=LIMIT, limit_per_host=LIMIT)
-            # httpx sets every header (and decodes the body): aiohttp adds none of its own.
+            # The HTTP tools' guard: a connection that receives bytes while idle in the pool is dropped.
+            connector = KeepAliveConnector(limit=LIMIT, limit_per_host=LIMIT)
+            # httpx sets every header, keeps the cookies and decodes the body: aiohttp adds nothing of its own.
             skip = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=skip)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                skip_auto_headers=skip,
+            )
         headers = [
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw if k.lower() not in _OWN_HEADERS
         ]
