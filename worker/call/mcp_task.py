@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -71,7 +72,13 @@ async def task_answer(
     known = await task_records.read(redis, call_id) if redis is not None else None
     if known is not None:
         log.info("mcp.task_resumed", callId=call_id, upstream=spec.name, task=known.task_id)
-        return await _polled(job, runtime, spec, known.task_id, None, pause, relay)
+        if known.session is None:
+            return await _polled(job, runtime, spec, known.task_id, None, pause, relay)
+        resumed = replace(spec, session=known.session)  # a 2025-11-25 task: polled on the session it is bound to
+        try:
+            return await _polled(job, runtime, resumed, known.task_id, None, pause, relay)
+        finally:
+            await runtime.mcp.end_resumed(resumed)
     if time.time() >= job.deadline:
         raise errors.DeadlineExceeded("The call ran out of time before the MCP server could answer it.")
     started = await runtime.mcp.start_task(spec, name, job.arguments, job.deadline - time.time())
@@ -79,7 +86,9 @@ async def task_answer(
         return started
     if redis is not None:
         ttl_s = job.deadline - time.time() + task_records.KEEP_AFTER_DEADLINE_S
-        await task_records.store(redis, call_id, UpstreamTask(spec.name, started.task_id, job.tool.name), ttl_s)
+        session = runtime.mcp.task_session(spec)
+        record = UpstreamTask(spec.name, started.task_id, job.tool.name, session=session)
+        await task_records.store(redis, call_id, record, ttl_s)
     log.info("mcp.task_started", callId=call_id, upstream=spec.name, task=started.task_id)
     return await _polled(job, runtime, spec, started.task_id, started.poll_interval_ms, pause, relay)
 

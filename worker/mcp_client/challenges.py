@@ -1,6 +1,8 @@
 """What an MCP server's HTTP answers say about the credential a session sends: the SDK turns a 401 or 403 into
 a bare JSON-RPC error, so the session's HTTP client carries a `Watch` (an httpx2 auth flow that only looks at
-the answers) that keeps the last challenge (`WWW-Authenticate`) for the failure to be read with.
+the answers) that keeps the last challenge (`WWW-Authenticate`) for the failure to be read with. It also keeps
+the session id the server gave (`Mcp-Session-Id`, 2025-11-25), and for a session resumed by another worker
+sends every request after the handshake on the session resumed instead of the one the handshake opened.
 
     403 WWW-Authenticate: Bearer error="insufficient_scope", scope="files.read files.write"
         └▶ Challenged(403, Challenge(scope=..., error="insufficient_scope")): a step-up
@@ -17,6 +19,7 @@ from worker import errors
 from worker.mcp_client.authorization import Challenge
 
 INSUFFICIENT_SCOPE = "insufficient_scope"
+SESSION_HEADER = "mcp-session-id"
 
 
 class Challenged(errors.ToolFailed):
@@ -34,13 +37,19 @@ class Challenged(errors.ToolFailed):
 
 
 class Watch(httpx2.Auth):
-    """Sends every request as it is; keeps the challenge of the last 401 or 403 answer."""
+    """Sends every request as it is (on the session `resume` names, once the handshake gave one); keeps the
+    challenge of the last 401 or 403 answer, and the session id the server gave."""
 
-    def __init__(self) -> None:
+    def __init__(self, resume: str | None = None) -> None:
         self.last: tuple[int, Challenge] | None = None
+        self.session_id: str | None = None
+        self._resume = resume
 
     async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        if self._resume is not None and SESSION_HEADER in request.headers:  # `initialize` carries none
+            request.headers[SESSION_HEADER] = self._resume
         response = yield request
+        self.session_id = response.headers.get(SESSION_HEADER, self.session_id)
         status = response.status_code
         if status in (401, 403):
             self.last = (status, Challenge.of(status, response.headers.get("WWW-Authenticate")))

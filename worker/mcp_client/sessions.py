@@ -75,7 +75,7 @@ class Held:
 
     def __init__(self, spec: ServerSpec, on_tools_changed: OnToolsChanged | None = None) -> None:
         self.spec = spec
-        self.watch = Watch()  # the last 401 or 403 the server answered
+        self.watch = Watch(spec.session)  # the last 401 or 403 the server answered, the session it gave
         self._on_tools_changed = on_tools_changed
         self.in_flight = InFlight()
         self._stop = asyncio.Event()
@@ -299,6 +299,16 @@ class Sessions:
         its result when it ran the tool inline."""
         spec = _tasked(spec)
         return await self._on_session(spec, lambda client: _started(client, name, arguments, max(timeout_s, 0.001)))
+
+    def task_session(self, spec: ServerSpec) -> str | None:
+        """The session a task just created on the server is bound to: a 2025-11-25 server's (None where the
+        server gave no session id: 2026-07-28, whose tasks are the server's by their ids alone)."""
+        held = self._held.get(_tasked(spec))
+        return held.watch.session_id if held is not None else None
+
+    async def end_resumed(self, spec: ServerSpec) -> None:
+        """End the session a resumed task was polled on (`spec.session`): DELETE, and the server forgets it."""
+        await self.forget(_tasked(spec))
 
     async def task_state(self, spec: ServerSpec, task_id: str, timeout_s: float) -> TaskState:
         """`tasks/get`: a task is the server's by its id, whichever session (or worker) created it (a 2025-11-25

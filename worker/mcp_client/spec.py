@@ -17,3 +17,6 @@ class ServerSpec:
     timeout_s: float = 30.0
     # A session that declares the tasks extension (worker/mcp_client/tasks.py): its calls may become tasks.
     tasks: bool = False
+    # The 2025-11-25 session another worker opened, whose task this one polls (its tasks are bound to it):
+    # after the handshake, requests are sent on it (challenges.Watch).
+    session: str | None = None

@@ -1,9 +1,10 @@
 """The upstream tasks calls wait on, in Redis (the home shard), so that no worker's memory is the only place
 a task's id is known.
 
-    toolworker:mcp-task:<callId>   hash: upstream, task (the server's task id), tool, status (the server's
-                                   latest status message), cancel ("1": the call was cancelled; the worker
-                                   that polls sends tasks/cancel); expires a while after the call's deadline
+    toolworker:mcp-task:<callId>   hash: upstream, task (the server's task id), tool, session (the 2025-11-25
+                                   session the task is bound to, if any), status (the server's latest status
+                                   message), cancel ("1": the call was cancelled; the worker that polls sends
+                                   tasks/cancel); expires a while after the call's deadline
 
 A worker stores the record as soon as the server answers `tools/call` with a task, before it polls. A
 worker given the same call again (the first was lost: its lease lapsed) finds the record and polls that
@@ -35,6 +36,7 @@ class UpstreamTask:
     tool: str
     cancel: bool = False
     status: str | None = None
+    session: str | None = None
 
 
 def key_of(call_id: str) -> str:
@@ -43,6 +45,8 @@ def key_of(call_id: str) -> str:
 
 async def store(client: aioredis.Redis, call_id: str, task: UpstreamTask, ttl_s: float) -> None:
     fields = {"upstream": task.upstream, "task": task.task_id, "tool": task.tool}
+    if task.session is not None:
+        fields["session"] = task.session
     async with client.pipeline(transaction=True) as pipe:
         for name, value in fields.items():
             pipe.hset(key_of(call_id), name, value)
@@ -57,7 +61,7 @@ async def read(client: aioredis.Redis, call_id: str) -> UpstreamTask | None:
         return None
     cancel = fields.get("cancel") == "1"
     upstream, tool = fields.get("upstream", ""), fields.get("tool", "")
-    return UpstreamTask(upstream, fields["task"], tool, cancel, fields.get("status"))
+    return UpstreamTask(upstream, fields["task"], tool, cancel, fields.get("status"), fields.get("session"))
 
 
 async def cancelled(client: aioredis.Redis, call_id: str) -> bool:

@@ -11,8 +11,9 @@ extension (SEP-2663), through the SDK's extension points, never hand-written JSO
 A server that speaks 2025-11-25 (a session opened with `initialize`) has tasks in that revision's form, reached
 with the SDK's own request types: `tools/call` with `params.task` answered by a `CreateTaskResult`, `tasks/get`
 for the state, `tasks/result` for a completed (or failed) task's outcome, `tasks/cancel` (`LegacyTasks`). Its
-tasks are bound to the session that created them (the spec's rule), so a worker that replaces a lost one
-cannot poll them: that call ends with 22, its tool not called twice.
+tasks are bound to the session that created them (the spec's rule): the task's record keeps that session, and a
+worker that replaces a lost one polls the task on it (ServerSpec.session; challenges.Watch sends the requests
+after its own handshake on the session recorded).
 
 The claim's resolver is never used to wait: the worker polls by itself (worker/call/mcp_task.py) so that
 the task's id is stored before it waits, and a worker lost meanwhile is replaced by one that polls the same
