@@ -309,6 +309,7 @@ class Sessions:
     async def end_resumed(self, spec: ServerSpec) -> None:
         """End the session a resumed task was polled on (`spec.session`): DELETE, and the server forgets it."""
         await self.forget(_tasked(spec))
+        self._locks.pop(_tasked(spec), None)
 
     async def task_state(self, spec: ServerSpec, task_id: str, timeout_s: float) -> TaskState:
         """`tasks/get`: a task is the server's by its id, whichever session (or worker) created it (a 2025-11-25
