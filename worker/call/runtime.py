@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
@@ -56,7 +57,6 @@ class Runtime:
         # End users' tokens (the vault); without keys, tools that act for a user are refused (78).
         self.users = users or UserTokens(redis, Keyring([]), None, 0)
         self._mcp = mcp
-        self._mcp_authorization: McpAuthorization | None = None
         # Told which upstream's server said its tools changed, on a session this process holds.
         self.on_tools_changed: Callable[[str], None] | None = None
         self._validators: dict[str, Draft202012Validator] = {}
@@ -72,18 +72,15 @@ class Runtime:
             self._mcp.on_tools_changed = self.on_tools_changed
         return self._mcp
 
-    @property
+    @cached_property
     def mcp_authorization(self) -> McpAuthorization:
         """MCP servers' authorization servers, found as the MCP specification's client finds them."""
-        if self._mcp_authorization is None:
-            from worker.call.mcp_authorization import McpAuthorization
+        from worker.call.mcp_authorization import McpAuthorization
 
-            links = self.users.links
-            public_url = links.public_url if links else None
-            self._mcp_authorization = McpAuthorization(
-                self.redis, self.policy, self.transport, self.users.keyring, public_url
-            )
-        return self._mcp_authorization
+        links = self.users.links
+        return McpAuthorization(
+            self.redis, self.policy, self.transport, self.users.keyring, links.public_url if links else None
+        )
 
     def _tool(self, name: str) -> Tool | None:
         """The tool of a name: the catalog's, else one of an MCP upstream not listed yet."""
