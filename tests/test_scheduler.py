@@ -219,3 +219,56 @@ async def test_fair_turns_follow_weights_and_skip_who_gave_up() -> None:
     await asyncio.gather(*tasks)
     assert served == (["a"] + ["b"] * 3) * 4
     assert not turns.locked()
+
+
+def _take_many(r: fakeredis.FakeRedis, count: int) -> list[tuple[str, str]]:
+    reply = r.execute_command(*scheduler.take_command([DEFAULT_QUEUE], PREFIX, SUFFIXES, count))
+    if reply is None:
+        return []
+    taken = scheduler.taken_messages(reply)
+    return [(scheduler.source_of(src.decode())[1], json.loads(item)["headers"]["id"]) for src, item in taken]
+
+
+def _mixed_backlog(r: fakeredis.FakeRedis) -> None:
+    _limits(r, a="1 0 0", b="3 0 0", capped="1 3 0")
+    for i in range(150):
+        _push(r, "a", f"a{i}")
+        _push(r, "b", f"b{i}")
+    for i in range(6):
+        _push(r, "capped", f"c{i}")
+        _push(r, "bulk", f"bulk{i}", calls=40)
+    r.lpush(DEFAULT_QUEUE, *[_message(f"stock{i}") for i in range(20)])
+
+
+@pytest.mark.parametrize("count", [3, 16])
+def test_a_take_of_many_takes_what_takes_of_one_would(count: int) -> None:
+    """A take of up to `count` messages takes them in the order as many takes of one would: weights, turns,
+    max_in_flight and stock producers' lists as before; it stops at a quantum of calls, and says what is left."""
+    one, many = fakeredis.FakeRedis(), fakeredis.FakeRedis()
+    _mixed_backlog(one)
+    _mixed_backlog(many)
+    alone = [(item[0], item[1]["headers"]["id"]) for item in iter(lambda: _take(one), None)]
+    together: list[tuple[str, str]] = []
+    sizes: list[int] = []
+    while taken := _take_many(many, count):
+        together += taken
+        sizes.append(len(taken))
+    assert together == alone and len(alone) == 150 * 2 + 3 + 6 + 20  # capped: its max_in_flight, 3
+    assert max(sizes) == count and len(sizes) < len(alone)
+
+
+def test_a_take_of_many_stops_at_a_quantum_of_calls() -> None:
+    r = fakeredis.FakeRedis()
+    for i in range(6):
+        _push(r, "bulk", f"bulk{i}", calls=40)
+    assert [name for _, name in _take_many(r, 16)] == ["bulk0", "bulk1", "bulk2"]  # 120 calls: no fourth
+
+
+def test_a_take_of_many_says_whether_anything_is_left() -> None:
+    r = fakeredis.FakeRedis()
+    for i in range(5):
+        _push(r, "default", f"d{i}")
+    first = r.execute_command(*scheduler.take_command([DEFAULT_QUEUE], PREFIX, SUFFIXES, 3))
+    assert len(scheduler.taken_messages(first)) == 3 and first[2] == 1
+    last = r.execute_command(*scheduler.take_command([DEFAULT_QUEUE], PREFIX, SUFFIXES, 3))
+    assert len(scheduler.taken_messages(last)) == 2 and last[2] == 0

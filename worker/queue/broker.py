@@ -1,8 +1,9 @@
 """kombu's Redis transport, made to lose no message when a worker dies, and to survive a broker restart
 while calls are running.
 
-Taking a message is one atomic step: a script (the fair take over the queue's tenants, ``scheduler.py``)
-moves it from the queue into this process's in-flight list, where kombu's ``BRPOP`` took it off the queue
+Taking a message is one atomic step: a script (the fair take over the queue's tenants, ``scheduler.py``;
+as many messages as the consumer may still hold, up to ``scheduler.TAKE_AT_ONCE``) moves it from the queue
+into this process's in-flight list, where kombu's ``BRPOP`` took it off the queue
 one round trip before recording it (a worker killed in between lost it). The process holds a lease on what
 it took and renews it; when a holder dies, the live workers hand its messages back within seconds
 (``leases.py``). Acknowledging or rejecting a message removes it from the in-flight list too.
@@ -281,7 +282,7 @@ class Channel(DecidingChannel):
         else:
             prefix = inflight_key(leases.holder, "")
             suffixes = [self._q_for_pri("", pri) for pri in self.priority_steps]
-            command = scheduler.take_command(queues, prefix, suffixes)
+            command = scheduler.take_command(queues, prefix, suffixes, self._take_count())
         connection = self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
         commands = [command]
@@ -293,6 +294,14 @@ class Channel(DecidingChannel):
             timeout_ms = int(get_settings().redis_min_replicas_timeout_seconds * 1000)
             commands += [["WAIT", self._take_waits, timeout_ms], ["ROLE"]]
         connection.send_packed_command(connection.pack_commands(commands))
+
+    def _take_count(self) -> int:
+        """How many messages the next take may bring: as many as the consumer may still hold (its prefetch),
+        up to scheduler.TAKE_AT_ONCE; one while takes wait for replicas (a held take is decided alone)."""
+        if get_settings().redis_min_replicas:
+            return 1
+        room = self.qos.can_consume_max_estimate()
+        return max(1, min(scheduler.TAKE_AT_ONCE, scheduler.TAKE_AT_ONCE if room is None else room))
 
     def _reconcile(self, leases: Leases) -> None:
         """Make this holder's in-flight lists what the process holds (no take is outstanding here)."""
@@ -336,11 +345,29 @@ class Channel(DecidingChannel):
             if not reply:
                 raise Empty()
             self._wait_next = len(reply) > 2 and not reply[2]  # nothing left: the next poll waits
-            self._deliver_taken(bytes_to_str(reply[0]), reply[1])
+            self._deliver_all(scheduler.taken_messages(reply))
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+
+    def _deliver_all(self, taken: list[tuple[bytes, bytes]]) -> None:
+        """Hand every message of a take to the consumer, in the order taken; Empty if none was a message. If
+        handing one fails, those after it are left to the reconcile before the next take, which puts them
+        back (they were taken, and are not held)."""
+        delivered = False
+        for index, (source, item) in enumerate(taken):
+            try:
+                self._deliver_taken(bytes_to_str(source), item)
+            except Empty:
+                continue
+            except BaseException:
+                if index + 1 < len(taken):
+                    process_holdings().unsure()
+                raise
+            delivered = True
+        if not delivered:
+            raise Empty()
 
     def _read_take(self, **options: Any) -> tuple[Any, bool]:
         """The take's reply, and whether the replicas confirmed it (WAIT's reply, read even when the take

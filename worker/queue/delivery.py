@@ -28,13 +28,15 @@ from worker.settings import get_settings
 # can kill a worker inside what used to be kombu's window. Never set in production.
 PAUSE_AFTER_TAKE_ENV = "TOOLWORKER_TEST_PAUSE_AFTER_TAKE_SECONDS"
 
-# Pops the head of an in-flight list if it is the item with this SHA-1 (Redis computes it; the item is not
-# sent). KEYS[1]: the in-flight list. ARGV[1]: the item's SHA-1, hex.
+# Removes the item with this SHA-1 from the head of an in-flight list, where a take pushed it, among the
+# others of the same take (Redis computes the digests; the item is not sent). KEYS[1]: the in-flight list.
+# ARGV[1]: the item's SHA-1, hex; ARGV[2]: how many items at the head to look at.
 _DROP_HEAD = """
-local head = redis.call('LINDEX', KEYS[1], 0)
-if head and redis.sha1hex(head) == ARGV[1] then
-  redis.call('LPOP', KEYS[1])
-  return 1
+for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
+  if redis.sha1hex(item) == ARGV[1] then
+    redis.call('LREM', KEYS[1], 1, item)
+    return 1
+  end
 end
 return 0
 """
@@ -137,7 +139,8 @@ class DeliveringChannel(kombu_redis.Channel):
         is not sent back to Redis to be found."""
         try:
             with self.conn_or_acquire() as client:
-                dropped = client.eval(_DROP_HEAD, 1, inflight, hashlib.sha1(item).hexdigest())
+                digest = hashlib.sha1(item).hexdigest()
+                dropped = client.eval(_DROP_HEAD, 1, inflight, digest, scheduler.TAKE_AT_ONCE)
                 if dropped:  # its tenant's calls are not running
                     with client.pipeline(transaction=False) as pipe:
                         scheduler.release(pipe, self.source_of(inflight), item)

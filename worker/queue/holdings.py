@@ -85,6 +85,12 @@ class Holdings:
             self._started.discard(tag)
             self.stale = True
 
+    def unsure(self) -> None:
+        """Messages may have been taken and never held (a take's delivery failed midway): the reconcile puts
+        back what is not held before the next take."""
+        with self._lock:
+            self.stale = True
+
     def unconfirmed(self, inflight: str, raw: bytes) -> None:
         """A message this process dropped (never delivered) whose removal Redis may not have recorded."""
         with self._lock:

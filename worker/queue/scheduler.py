@@ -22,6 +22,9 @@ turn. A tenant whose list a take empties leaves the ring at once (and one found 
 its max_in_flight is passed over (its calls wait). While no named tenant has work, the take only looks at
 the default tenant's lists (three commands when they are empty). Its reply says whether anything is left.
 The message is moved into the holder's in-flight list in the same script (take and record stay one step).
+One EVAL may take several messages (up to TAKE_AT_ONCE, and about one quantum of calls), each exactly as a
+take of its own would: a worker fed one call per message then meets its calls in bursts, as it meets a
+batch message's, and shares the round trips that follow (the results' publication, the acknowledgements).
 When every tenant with work owes calls, the first of them is served anyway: the take never idles with work.
 
 Waiting: an idle worker blocks on the default list with `BLMOVE q q RIGHT RIGHT`, which takes nothing and
@@ -60,6 +63,10 @@ ENQUEUE_ONCE_TTL_S = 300
 # at least one message.
 QUANTUM_CALLS = 100
 WAKE = "toolworker:wake"
+# The most messages one take brings (the broker's channel asks for as many as its consumer may still hold, up
+# to this): messages taken together reach the event loop together, so their results are published, and their
+# acknowledgements sent, in shared round trips.
+TAKE_AT_ONCE = 16
 # kombu's Redis transport keeps priorities 3, 6 and 9 of a queue in lists of their own (its default steps).
 PRIORITY_SUFFIXES = ("", SEP + "3", SEP + "6", SEP + "9")
 _CALLS_RE = re.compile(rb'"' + re.escape(CALLS_HEADER.encode()) + rb'": (\d+)')
@@ -85,16 +92,19 @@ local function header_calls(item)
 end
 """
 
-# KEYS: the queues, in the order to serve them. ARGV[1]: the holder's in-flight list prefix; ARGV[2...]:
-# the suffixes of the default tenant's lists, in priority order. Returns {source, message} or nil.
-# A take with no named tenant in a queue's ring and nothing in its default lists costs three commands;
-# a named tenant whose list a take empties leaves the ring at once (not at its next turn).
+# KEYS: the queues, in the order to serve them. ARGV[1]: how many messages to take at most; ARGV[2]: the
+# holder's in-flight list prefix; ARGV[3...]: the suffixes of the default tenant's lists, in priority order.
+# Returns nil, or {source, message, more, source2, message2, ...}: the messages of the first queue that had
+# any, in the order taken, each one take as if alone (so tenants' turns and limits hold per message), until
+# the count or QUANTUM calls are taken. A take with no named tenant in a queue's ring and nothing in its
+# default lists costs three commands; a named tenant whose list a take empties leaves the ring at once (not
+# at its next turn).
 TAKE = (
     _COMMON
     + """
 local DEFICIT, TURN, QUANTUM, OVER = '$DEFICIT', '$TURN', $QUANTUM, '$OVER'
-local prefix, suffixes = ARGV[1], {}
-for i = 2, #ARGV do suffixes[#suffixes + 1] = ARGV[i] end
+local count, prefix, suffixes = tonumber(ARGV[1]), ARGV[2], {}
+for i = 3, #ARGV do suffixes[#suffixes + 1] = ARGV[i] end
 
 local function default_lists(q)
   local keys = {}
@@ -246,10 +256,16 @@ end
 
 -- The third element: 0 when the only queue served has nothing left to take (the next poll waits at once).
 for _, q in ipairs(KEYS) do
-  local taken = serve(q)
-  if taken then
+  local taken, calls = {}, 0
+  while #taken < 2 * count and calls < QUANTUM do
+    local one = serve(q)
+    if not one then break end
+    taken[#taken + 1], taken[#taken + 2] = one[1], one[2]
+    calls = calls + (header_calls(one[2]) or 1)
+  end
+  if #taken > 0 then
     local more = #KEYS > 1 or members[q] > 1 or redis.call('EXISTS', unpack(default_lists(q))) > 0
-    taken[3] = more and 1 or 0
+    table.insert(taken, 3, more and 1 or 0)
     return taken
   end
 end
@@ -345,9 +361,15 @@ def _queued_calls(item: bytes, named: bool) -> int:
     return int(match.group(1)) if match else int(named)
 
 
-def take_command(queues: Sequence[str], inflight_prefix: str, suffixes: Sequence[str]) -> list[Any]:
-    """The EVAL of the fair take over `queues` (the default tenant's lists: the queue + each suffix)."""
-    return ["EVAL", TAKE, len(queues), *queues, inflight_prefix, *suffixes]
+def take_command(queues: Sequence[str], inflight_prefix: str, suffixes: Sequence[str], count: int = 1) -> list[Any]:
+    """The EVAL of the fair take of up to `count` messages over `queues` (the default tenant's lists: the
+    queue + each suffix)."""
+    return ["EVAL", TAKE, len(queues), *queues, count, inflight_prefix, *suffixes]
+
+
+def taken_messages(reply: Sequence[Any]) -> list[tuple[bytes, bytes]]:
+    """Each (source, message) a take's reply holds, in the order taken."""
+    return [(reply[0], reply[1]), *zip(reply[3::2], reply[4::2], strict=True)]
 
 
 def release(pipe: Any, source: str, item: bytes) -> None:
