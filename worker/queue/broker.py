@@ -78,6 +78,7 @@ scheme, would have none.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,6 +86,7 @@ from queue import Empty
 from typing import Any
 
 import redis
+from kombu.asynchronous import get_event_loop
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
@@ -142,6 +144,8 @@ class QoS(kombu_redis.QoS):
         return pipe
 
     def ack(self, delivery_tag: str) -> None:
+        if process_holdings().entry(bytes_to_str(delivery_tag)) is not None and _turn_acks.defer(self, delivery_tag):
+            return  # settled with the others of the consumer loop's turn
         with _settling(delivery_tag):
             super().ack(delivery_tag)
 
@@ -180,6 +184,56 @@ class QoS(kombu_redis.QoS):
             else:
                 conn.zrem(self.unacked_index_key, tag)
                 process_leases(self.channel).put_back(entry[0], entry[1], leftmost)
+
+
+class _TurnAcks:
+    """The acknowledgements Celery makes on its consumer's event loop (it hands every one there) during one turn
+    of the loop leave in one round trip, before the loop waits again (`Hub.on_tick` runs after the turn's
+    ready callbacks, before the poll). A failed round trip is logged, as Celery logs a failed acknowledgement,
+    and remembered for the reconcile, as `_settling` does for one."""
+
+    def __init__(self) -> None:
+        self._acks: list[tuple[QoS, str]] = []
+        self._hubs: set[int] = set()  # the hubs it is a tick callback of
+
+    def defer(self, qos: QoS, tag: str) -> bool:
+        """Keep the acknowledgement for the end of the turn; False when not in a turn of the loop (made now):
+        another thread, or the loop closing, which runs what is left to do once it has stopped polling."""
+        hub = get_event_loop()
+        if hub is None or hub._loop_thread != threading.get_ident() or hub._poller is None:
+            return False
+        if id(hub) not in self._hubs:
+            self._hubs.add(id(hub))
+            hub.on_tick.add(self.settle)
+            hub.on_close.add(self._closing)  # a loop stopped between a turn's callbacks and its tick
+        self._acks.append((qos, tag))
+        return True
+
+    def _closing(self, hub: Any) -> None:
+        self.settle()
+
+    def settle(self) -> None:
+        acks, self._acks = self._acks, []
+        by_qos: dict[QoS, list[str]] = {}
+        for qos, tag in acks:
+            by_qos.setdefault(qos, []).append(tag)
+        for qos, tags in by_qos.items():
+            confirmed = True
+            try:
+                with qos.channel.conn_or_acquire() as client:
+                    pipe = client.pipeline(transaction=False)
+                    for tag in tags:
+                        qos._remove_from_indices(tag, pipe)
+                    pipe.execute()
+            except Exception as exc:
+                confirmed = False
+                kombu_redis.logger.critical("Couldn't ack %d message(s), reason: %r", len(tags), exc)
+            for tag in tags:
+                process_holdings().settled(bytes_to_str(tag), confirmed)
+                virtual.QoS.ack(qos, tag)
+
+
+_turn_acks = _TurnAcks()
 
 
 @contextmanager

@@ -19,11 +19,13 @@ import asyncio
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import cache, partial
 from typing import Any
 
+import structlog
 from billiard.einfo import ExceptionInfo
 from celery.concurrency import thread
 from celery.utils.saferepr import saferepr
@@ -35,6 +37,7 @@ from worker.queue.bridge import serve_task
 from worker.queue.holdings import process_holdings
 from worker.queue.outcome import CallFailed, failure
 
+log = structlog.get_logger("toolworker.pool")
 _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
 _RESULT_REPR_CHARS = 1024  # the summary shown in task events (Flower), as Celery's default
 
@@ -44,6 +47,8 @@ class TaskPool(thread.TaskPool):
         super().__init__(*args, **kwargs)
         self._pending = 0  # call messages started and not yet acknowledged
         self._idle = threading.Condition()
+        self._answers: deque[tuple[Callable[..., Any], Future[Any], float]] = deque()  # to complete
+        self._completing = False  # a pool thread completes them
 
     def apply_async(self, target: Callable[..., Any], args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         # Not Celery's: at debug level it logs the raw task body, call header values included.
@@ -77,8 +82,25 @@ class TaskPool(thread.TaskPool):
         return thread.ApplyResult(future)
 
     def _answered(self, callback: Callable[..., Any], started: float, future: Future[Any]) -> None:
-        """On the loop, once every call of the message is answered: complete it on a pool thread."""
-        self.executor.submit(self._complete, callback, future, time.monotonic() - started)
+        """On the loop, once every call of the message is answered: complete it on a pool thread, with the
+        other messages answered meanwhile (one thread woken for them)."""
+        self._answers.append((callback, future, time.monotonic() - started))
+        if not self._completing:
+            self._completing = True
+            self.executor.submit(self._complete_answered)
+
+    def _complete_answered(self) -> None:
+        while True:
+            while self._answers:
+                answer = self._answers.popleft()
+                try:
+                    self._complete(*answer)
+                except Exception:  # (the executor would have kept it) the next ones are still completed
+                    log.exception("pool.completion_failed")
+            self._completing = False  # then looked at again: an answer appended meanwhile is not left
+            if not self._answers:
+                return
+            self._completing = True
 
     def _complete(self, callback: Callable[..., Any], future: Future[Any], runtime: float) -> None:
         try:
