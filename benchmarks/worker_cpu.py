@@ -5,7 +5,9 @@ One worker process (`-c 64`, logging at INFO as it does by default, to a file) a
 
 - raw aiohttp: one `ClientSession`, CONCURRENCY requests at a time: the reference;
 - single calls: `AsyncToolClient.acall` per call (the client sends one tick's calls as batch messages);
-- batched calls: `acall_many` in chunks of BATCH, CONCURRENCY / BATCH chunks at a time.
+- batched calls: `acall_many` in chunks of BATCH, CONCURRENCY / BATCH chunks at a time;
+- one call per message: `acall` from a client that sends every call as a message of its own
+  (`max_batch=1`), as a stock Celery producer does: what each message costs beyond its call.
 
 Per case: calls/s (and its share of raw aiohttp's), the worker's CPU per call (user + system of its
 process, from /proc) against raw aiohttp's CPU per request (this process's), and this process's own CPU
@@ -45,6 +47,7 @@ LATENCIES_MS = (0.0, 100.0)
 CONCURRENCY = 200
 
 BATCH = 50
+CLIENT_MAX_BATCH = 100  # the client's default: the calls of a tick leave in messages of up to 100
 # The worker takes CONCURRENCY messages at once (`-c`), as many as raw aiohttp has requests on the wire.
 THREADS = CONCURRENCY
 CALLS = 3000
@@ -53,7 +56,8 @@ ROUNDS = 3
 RAW = "raw aiohttp"
 SINGLE = "single (acall)"
 BATCHED = f"batched (acall_many x{BATCH})"
-CASES = (RAW, SINGLE, BATCHED)
+ONE_PER_MESSAGE = "one call per message"
+CASES = (RAW, SINGLE, BATCHED, ONE_PER_MESSAGE)
 THIS = "this tree"
 REFERENCE = "reference"
 # The worker as it runs by default: its call.finished line per call, written to its log file.
@@ -103,7 +107,8 @@ def _measure(case: str, redis_url: str, upstream_url: str, pid: int, calls: int)
     if case == RAW:
         seconds, worker_s, own_s = asyncio.run(_raw(upstream_url, pid, calls))
     else:
-        seconds, worker_s, own_s = asyncio.run(_toolworker(redis_url, pid, calls, 1 if case == SINGLE else BATCH))
+        batch, max_batch = BATCH if case == BATCHED else 1, 1 if case == ONE_PER_MESSAGE else CLIENT_MAX_BATCH
+        seconds, worker_s, own_s = asyncio.run(_toolworker(redis_url, pid, calls, batch, max_batch))
     return {
         "calls_per_s": calls / seconds,
         "worker_cpu_ms_per_call": worker_s * 1000 / calls if case != RAW else 0.0,
@@ -135,9 +140,12 @@ async def _raw(url: str, pid: int, calls: int) -> tuple[float, float, float]:
         return await _metered(pid, asyncio.gather(*(one(i) for i in range(calls))))
 
 
-async def _toolworker(redis_url: str, pid: int | None, calls: int, batch: int) -> tuple[float, float, float]:
-    """`calls` calls, CONCURRENCY under way at a time: `acall` each (batch 1) or `acall_many` per chunk."""
-    client = AsyncToolClient(redis_url)
+async def _toolworker(
+    redis_url: str, pid: int | None, calls: int, batch: int, max_batch: int = CLIENT_MAX_BATCH
+) -> tuple[float, float, float]:
+    """`calls` calls, CONCURRENCY under way at a time: `acall` each (batch 1) or `acall_many` per chunk; the
+    client puts at most `max_batch` calls in a message."""
+    client = AsyncToolClient(redis_url, max_batch=max_batch)
     semaphore = asyncio.Semaphore(max(1, CONCURRENCY // batch))
     failed = 0
 
