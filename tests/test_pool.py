@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
-from worker.queue.pool import _call_payload
+from worker.queue.pool import TaskPool, _call_payload
 
 CALL = {"callId": "c1", "tool": "t", "arguments": {}}
 
@@ -50,3 +52,31 @@ def test_an_already_decoded_body_is_taken_as_it_is() -> None:
 )
 def test_anything_else_takes_celerys_path(args: tuple[Any, ...]) -> None:
     assert _call_payload(args) is None
+
+
+def test_answered_messages_are_all_completed_even_when_one_completion_fails() -> None:
+    """Messages answered together are completed by one pool thread, in order; a completion that raises is
+    logged and the others still run (no message is left unacknowledged)."""
+    pool = TaskPool(limit=2)
+    completed: list[Any] = []
+
+    def callback(outcome: Any) -> None:
+        completed.append(outcome[1])
+        if outcome[1] == repr({"n": 1}):
+            raise RuntimeError("Celery's completion failed")
+
+    futures = []
+    for n in range(5):
+        future: Future[Any] = Future()
+        future.set_result({"n": n})
+        futures.append(future)
+    with pool._idle:
+        pool._pending = len(futures)
+    try:
+        for future in futures:
+            pool._answered(callback, time.monotonic(), future)
+        with pool._idle:
+            assert pool._idle.wait_for(lambda: pool._pending == 0, timeout=10)
+    finally:
+        pool.executor.shutdown(wait=True)
+    assert completed == [repr({"n": n}) for n in range(5)]
