@@ -224,13 +224,15 @@ local function turn(q, ring, t, force, looked)  -- looked: the default tenant al
   return 'taken', src, item
 end
 
-local function serve(q)
+local function serve(q)  -- the next message of q, or nil (and true when q's lists are all empty)
   local ring = RING .. q
-  redis.call('ZADD', ring, 'NX', 0, DEFAULT)
-  local size = redis.call('ZCARD', ring)
-  members[q] = size
+  if not members[q] then  -- once a script: its takes keep members[q] as they change the ring
+    redis.call('ZADD', ring, 'NX', 0, DEFAULT)
+    members[q] = redis.call('ZCARD', ring)
+  end
+  local size = members[q]
   if size == 1 then  -- no named tenant has work: the default tenant's lists alone, if they hold any
-    if redis.call('EXISTS', unpack(default_lists(q))) == 0 then return nil end
+    if redis.call('EXISTS', unpack(default_lists(q))) == 0 then return nil, true end
     local outcome, src, item = turn(q, ring, DEFAULT, true, true)
     if outcome == 'taken' then return {src, item} end
     return nil
@@ -256,15 +258,18 @@ end
 
 -- The third element: 0 when the only queue served has nothing left to take (the next poll waits at once).
 for _, q in ipairs(KEYS) do
-  local taken, calls = {}, 0
+  local taken, calls, emptied = {}, 0, false
   while #taken < 2 * count and calls < QUANTUM do
-    local one = serve(q)
-    if not one then break end
+    local one, empty = serve(q)
+    if not one then
+      emptied = empty
+      break
+    end
     taken[#taken + 1], taken[#taken + 2] = one[1], one[2]
     calls = calls + (header_calls(one[2]) or 1)
   end
   if #taken > 0 then
-    local more = #KEYS > 1 or members[q] > 1 or redis.call('EXISTS', unpack(default_lists(q))) > 0
+    local more = #KEYS > 1 or members[q] > 1 or (not emptied and redis.call('EXISTS', unpack(default_lists(q))) > 0)
     table.insert(taken, 3, more and 1 or 0)
     return taken
   end
