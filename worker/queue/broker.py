@@ -194,7 +194,6 @@ class _TurnAcks:
 
     def __init__(self) -> None:
         self._acks: list[tuple[QoS, str]] = []
-        self._hubs: set[int] = set()  # the hubs it is a tick callback of
 
     def defer(self, qos: QoS, tag: str) -> bool:
         """Keep the acknowledgement for the end of the turn; False when not in a turn of the loop (made now):
@@ -202,8 +201,7 @@ class _TurnAcks:
         hub = get_event_loop()
         if hub is None or hub._loop_thread != threading.get_ident() or hub._poller is None:
             return False
-        if id(hub) not in self._hubs:
-            self._hubs.add(id(hub))
+        if self.settle not in hub.on_tick:
             hub.on_tick.add(self.settle)
             hub.on_close.add(self._closing)  # a loop stopped between a turn's callbacks and its tick
         self._acks.append((qos, tag))
@@ -354,8 +352,8 @@ class Channel(DecidingChannel):
         up to scheduler.TAKE_AT_ONCE; one while takes wait for replicas (a held take is decided alone)."""
         if get_settings().redis_min_replicas:
             return 1
-        room = self.qos.can_consume_max_estimate()
-        return max(1, min(scheduler.TAKE_AT_ONCE, scheduler.TAKE_AT_ONCE if room is None else room))
+        room = self.qos.can_consume_max_estimate()  # None: no prefetch limit
+        return scheduler.TAKE_AT_ONCE if room is None else max(1, min(scheduler.TAKE_AT_ONCE, room))
 
     def _reconcile(self, leases: Leases) -> None:
         """Make this holder's in-flight lists what the process holds (no take is outstanding here)."""
@@ -404,24 +402,6 @@ class Channel(DecidingChannel):
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
-
-    def _deliver_all(self, taken: list[tuple[bytes, bytes]]) -> None:
-        """Hand every message of a take to the consumer, in the order taken; Empty if none was a message. If
-        handing one fails, those after it are left to the reconcile before the next take, which puts them
-        back (they were taken, and are not held)."""
-        delivered = False
-        for index, (source, item) in enumerate(taken):
-            try:
-                self._deliver_taken(bytes_to_str(source), item)
-            except Empty:
-                continue
-            except BaseException:
-                if index + 1 < len(taken):
-                    process_holdings().unsure()
-                raise
-            delivered = True
-        if not delivered:
-            raise Empty()
 
     def _read_take(self, **options: Any) -> tuple[Any, bool]:
         """The take's reply, and whether the replicas confirmed it (WAIT's reply, read even when the take

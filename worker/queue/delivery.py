@@ -89,6 +89,24 @@ class DeliveringChannel(kombu_redis.Channel):
         """The queue list a message in this process's in-flight list `inflight` was taken from."""
         return inflight[len(inflight_key(process_leases(self).holder, "")) :]
 
+    def _deliver_all(self, taken: list[tuple[bytes, bytes]]) -> None:
+        """Hand every message of a take to the consumer, in the order taken; Empty if none was a message. If
+        handing one fails, those after it are left to the reconcile before the next take, which puts them
+        back (they were taken, and are not held)."""
+        delivered = False
+        for index, (source, item) in enumerate(taken):
+            try:
+                self._deliver_taken(bytes_to_str(source), item)
+            except Empty:
+                continue
+            except BaseException:
+                if index + 1 < len(taken):
+                    process_holdings().unsure()
+                raise
+            delivered = True
+        if not delivered:
+            raise Empty()
+
     def _deliver_taken(self, source: str, item: bytes) -> None:
         """Hand a taken item to the consumer; one that is not a message is refused and dropped instead."""
         inflight = inflight_key(process_leases(self).holder, source)
