@@ -10,7 +10,9 @@ Against one upstream (0 ms, 1 KB), one worker and one `toolworker gateway` proce
 - MCP through the SDK's own `Client`, 64 in flight, for what an SDK user sees on the same machine;
 - light load: each of them one call at a time; the gateway's added p50 is its p50 minus the direct one.
 
-The gateway's CPU per call is metered too: on a small machine it is what bounds its calls/s.
+The gateway's CPU per call is metered too: on a small machine it is what bounds its calls/s. The loaded cases
+run in ROUNDS rounds, each case once a round and each ratio of that round's direct client; a case's row is its
+median round (the ratio of one run swings by several points on a shared two-core machine).
 
     python -m benchmarks.gateway --profile DIR [--rest]   # py-spy on the gateway while MCP (or REST) calls run
 """
@@ -36,6 +38,7 @@ MCP_SDK = "gateway MCP via the SDK's Client, 64 in flight"
 # The targets of issue 14, judged on ratios of the direct client measured in the same run.
 MIN_SHARE = 0.60
 MAX_ADDED_P50_MS = 3.0
+ROUNDS = 3
 
 
 # The cases, metered
@@ -56,9 +59,12 @@ def run(redis_url: str, calls: int, light_calls: int) -> dict[str, Any]:
             (MCP, lambda n, c: mcp(url, n, c)),
             (MCP_SDK, lambda n, c: mcp_sdk(url, n, c)),
         ]
-        rows = [_row(name, (pid, worker_pid), measure, calls, CONCURRENCY) for name, measure in cases]
+        rounds = [
+            _with_ratios([_row(name, (pid, worker_pid), measure, calls, CONCURRENCY) for name, measure in cases])
+            for _ in range(ROUNDS)
+        ]
         light = [_row(name, (pid, worker_pid), measure, light_calls, 1) for name, measure in cases]
-    return {"rows": _with_ratios(rows), "light_load": _with_added(light)}
+    return {"rows": [_median(list(case)) for case in zip(*rounds, strict=True)], "light_load": _with_added(light)}
 
 
 def _row(case: str, pids: tuple[int, int], measure: Measure, calls: int, c: int) -> dict[str, Any]:
@@ -68,6 +74,13 @@ def _row(case: str, pids: tuple[int, int], measure: Measure, calls: int, c: int)
 def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     reference = rows[0]["calls_per_s"]
     return [row | {"ratio": round(row["calls_per_s"] / reference, 3)} for row in rows]
+
+
+def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A case's median round (by its ratio; the direct client's by its calls/s), with every round's ratio."""
+    key = "calls_per_s" if rows[0]["case"] == DIRECT else "ratio"
+    middle = sorted(rows, key=lambda row: row[key])[len(rows) // 2]
+    return middle | {"round_ratios": [row["ratio"] for row in rows]}
 
 
 def _with_added(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -83,10 +96,13 @@ def print_section(results: dict[str, Any]) -> None:
         f"\ngateway: upstream {UPSTREAM_LATENCY_MS:g} ms, {UPSTREAM_BODY_BYTES // 1024} KB; one worker, one gateway "
         "process; ratios of the direct client in this run"
     )
+    print(f"  loaded cases: the median of {ROUNDS} rounds (% direct: of the same round's direct client)")
     header = f"  {'case':<52} {'calls':>6} {'calls/s':>8} {'% direct':>9} {'p50 ms':>7} {'p95 ms':>7}"
     print(header + f" {'gateway CPU ms/call':>20} {'worker CPU ms/call':>19} {'fail':>5}")
     for row in results["rows"]:
         print(_line(row, f"{row['ratio']:>9.0%}"))
+    for row in results["rows"][1:]:
+        print(f"  rounds, {row['case'].split(',')[0]}: {', '.join(f'{r:.0%}' for r in row.get('round_ratios', []))}")
     print("  light load, one call at a time (added p50: over the direct client's p50)")
     for row in results["light_load"]:
         print(_line(row, f"{row['added_p50_ms']:>+8.2f}ms"))
