@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import fakeredis
@@ -16,9 +19,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitRequestFormParams, ElicitResult
 
 from tests.support.mcp_servers import AnsweringCaller
-from worker.gateway.mcp.relay import STATE_PREFIX, Resume
+from worker.gateway.mcp.relay import STATE_PREFIX, Follow, Resume
 from worker.mcp_client.relay import RELATED_TASK_META_KEY, CallRelay, InFlight
-from worker.protocol import Relay, call_answer_key
+from worker.protocol import Relay, call_answer_key, call_events_key
 
 FORM = {"mode": "form", "message": "Which roast?", "requestedSchema": {"type": "object", "properties": {}}}
 
@@ -89,3 +92,31 @@ async def test_a_request_naming_a_task_goes_to_the_call_waiting_on_it() -> None:
     unnamed = ClientRequestContext(session=None, request_id=2)  # type: ignore[arg-type]
     assert await in_flight.on_elicit(unnamed, params) == ElicitResult(action="decline")
     assert waiting.asked == ["Which roast?"]
+
+
+async def test_a_notification_being_relayed_when_the_result_comes_is_relayed_whole() -> None:
+    """The caller's stream is slow to take the first log message; the result ends the wait meanwhile (the follower
+    is cancelled): the drain finishes that message, then relays the next, each once and in order."""
+    redis = fakeredis.FakeAsyncRedis()
+    call_id = "call-relay-drain"
+    for level in ("warning", "error"):
+        event = {"kind": "log", "level": level, "logger": "chatty", "data": f"a {level} message"}
+        await redis.xadd(call_events_key(call_id), {"event": json.dumps(event)})
+    started, sent = asyncio.Event(), []
+
+    async def send_notification(notification: Any, request_id: Any) -> None:
+        started.set()
+        await asyncio.sleep(0.05)  # a stream that takes its time
+        sent.append(notification.params.level)
+
+    session = SimpleNamespace(send_notification=send_notification)
+    ctx: Any = SimpleNamespace(session=session, request_id=7, protocol_version="2025-11-25", params={})
+    follow = Follow(ctx, redis, call_id, {"logLevel": "warning"})
+    following = asyncio.ensure_future(follow.follow())
+    await asyncio.wait_for(started.wait(), 5)
+    following.cancel()  # what the result's arrival does to the follower
+    with contextlib.suppress(asyncio.CancelledError):
+        await following
+    await follow.drain()
+    assert sent == ["warning", "error"]
+    await redis.aclose()

@@ -178,6 +178,7 @@ class Follow:
         self._sent = 0.0  # the last progress value sent
         self._offset: float | None = None  # what the upstream's progress is shifted by, from its first
         self._asking: set[asyncio.Task[None]] = set()
+        self._relaying: asyncio.Future[None] | None = None  # the event being relayed by `follow`
 
     @classmethod
     def of(
@@ -209,7 +210,11 @@ class Follow:
             while True:
                 entry_id, event = await self._queue.get()
                 self._last_id = entry_id
-                await self._relay(event, asking=True)
+                # Whole even when the result ends the wait meanwhile (cancelled halfway, a notification would be
+                # lost, its id counted as relayed): `drain` waits for it.
+                self._relaying = asyncio.ensure_future(self._relay(event, asking=True))
+                self._relaying.add_done_callback(_retrieved)  # left alone when the client hung up meanwhile
+                await asyncio.shield(self._relaying)
         finally:
             reader.close(self._key)
 
@@ -217,6 +222,9 @@ class Follow:
         """The events written before the result, not yet relayed (progress and log messages)."""
         for task in self._asking:
             task.cancel()
+        if self._relaying is not None:
+            with contextlib.suppress(Exception):  # its failure was `follow`'s to report
+                await self._relaying
         while self._queue is not None and not self._queue.empty():
             entry_id, event = self._queue.get_nowait()
             self._last_id = entry_id
@@ -285,6 +293,12 @@ class Follow:
         except ValidationError:
             answer = {"error": {"code": types.INVALID_PARAMS, "message": "The caller's answer was malformed."}}
         await _hand_back(self._redis, self._call_id, request_id, answer)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A relay's failure is `follow`'s (or nobody's, once the wait is over): not the loop's to log."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def _hand_back(redis: aioredis.Redis, call_id: str, request_id: str, answer: Mapping[str, Any]) -> None:
