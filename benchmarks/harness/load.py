@@ -12,6 +12,7 @@ import itertools
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -89,9 +90,11 @@ async def tenants_burst(redis_url: str, calls: int, tenants: list[str], shards: 
             )
         )
         seconds = time.perf_counter() - started
-    failed = sum(1 for r in results if r.exit_code)
+    failed = [r for r in results if r.exit_code]
     if failed:
-        raise RuntimeError(f"{failed} of {calls} calls failed")
+        codes = Counter(r.exit_code for r in failed)
+        first = (failed[0].error or {}).get("message", "")
+        raise RuntimeError(f"{len(failed)} of {calls} calls failed (exit codes {dict(codes)}; the first: {first})")
     return seconds
 
 
