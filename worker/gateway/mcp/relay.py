@@ -220,11 +220,11 @@ class Follow:
 
     async def drain(self) -> None:
         """The events written before the result, not yet relayed (progress and log messages)."""
-        for task in self._asking:
-            task.cancel()
         if self._relaying is not None:
             with contextlib.suppress(Exception):  # its failure was `follow`'s to report
                 await self._relaying
+        for task in self._asking:  # (after the relay above: a request it relays is asked in a task of its own)
+            task.cancel()
         while self._queue is not None and not self._queue.empty():
             entry_id, event = self._queue.get_nowait()
             self._last_id = entry_id
