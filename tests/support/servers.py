@@ -118,7 +118,9 @@ class ServerThread:
         asyncio.set_event_loop(self._loop)
         runner = web.AppRunner(self._app, access_log=None)
         self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        # A listen queue as deep as a real server's: a worker opens a connection per call of a burst at once,
+        # and aiohttp's default of 128 would drop the rest of 200 SYNs (each then retried a second later).
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
         self._loop.run_until_complete(site.start())
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self._runner = runner
