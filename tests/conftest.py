@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import settings
 
 from tests.support.servers import DnsServer, ServerThread, UpstreamState, closed_port, make_upstream
-from tests.support.waiting import scaled, wait_until
+from tests.support.waiting import POLL_S, Budget, scaled, wait_until
 from worker.client import ToolClient
 from worker.dev.embedded import EmbeddedRedis
 from worker.settings import get_settings
@@ -126,13 +127,17 @@ def log_tail(log_path: Path, chars: int = 3000) -> str:
     return log_path.read_text(errors="replace")[-chars:] if log_path.exists() else ""
 
 
-def stop_worker(process: subprocess.Popen[bytes]) -> None:
+def stop_worker(process: subprocess.Popen[bytes], budget_s: float = 20.0) -> None:
+    """A warm shutdown (the calls in flight finish and are acknowledged), the process killed once `budget_s`
+    of an idle machine's time is spent: on a busy machine a shutdown takes longer, and a kill would end the
+    calls still in flight there with an error."""
     process.terminate()
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
+    budget = Budget(budget_s)
+    while process.poll() is None and not budget.exhausted():
+        time.sleep(POLL_S)
+    if process.poll() is None:
         process.kill()
-        process.wait()
+    process.wait()
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ from tests.support.faults import report
 from tests.support.gateway_stack import auth, gateway_env, start_gateway, wait_listening
 from tests.support.redis_proc import RedisProcess
 from tests.support.servers import DnsServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.client import AsyncToolClient
 from worker.constants import CLIENT_SLACK_S, RESULT_KEY_PREFIX
 from worker.errors import RedisLost
@@ -109,7 +109,7 @@ def item(tag: str, tenant: str, index: int) -> str:
 async def call_all(client: AsyncToolClient, tag: str, tenants: list[str], per_tenant: int) -> dict[str, Any]:
     """`per_tenant` echo calls for each tenant, all at once: item -> (tenant, result)."""
     keys = [(tenant, item(tag, tenant, i)) for tenant in tenants for i in range(per_tenant)]
-    calls = (client.acall("echo_get", {"item": key}, tenant=tenant, timeout=60) for tenant, key in keys)
+    calls = (client.acall("echo_get", {"item": key}, tenant=tenant, timeout=scaled(60)) for tenant, key in keys)
     results = await asyncio.gather(*calls)
     return {key: (tenant, result) for (tenant, key), result in zip(keys, results, strict=True)}
 
@@ -312,8 +312,9 @@ def test_a_shard_added_by_a_rolling_restart_loses_nothing_and_runs_nothing_twice
             for producer in producers:
                 producer.join(120)
         assert not errors, errors[:3]
-        failed = [(label, tenant, result.to_dict()) for label, tenant, result in answered.values() if result.exit_code]
-        assert not failed, failed[:3]
+        failed = [(label, tenant, result.exit_code, result.error) for label, tenant, result in answered.values()]
+        failed = [failure for failure in failed if failure[2]]
+        assert not failed, (len(failed), failed[:3])
         for key, (label, tenant, result) in answered.items():
             expected = (before if label == "old" else after).of(tenant).name
             assert stack.holding(result.call_id) == [expected], key

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import FIXTURES, Upstream, start_worker, wait_ready, worker_env
 from tests.support.prometheus import wait_for_sample
 from tests.support.servers import DnsServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import scaled, wait_until
 from worker.client import AsyncToolClient
 from worker.dev.embedded import EmbeddedRedis, free_port
 from worker.queue.supervisor import child_hostname
@@ -67,7 +67,7 @@ def test_two_processes_share_the_work_and_one_metrics_port(
         assert asyncio.run(slow_calls(redis.url, 4)) == [0] * 4
     finally:
         process.terminate()
-        code = process.wait(30)
+        code = process.wait(scaled(30))
         redis.stop()
     assert code == 0
     assert children_of(process.pid) == set()
