@@ -366,10 +366,12 @@ async def test_response_metadata(transport: HttpTransport, site: Site) -> None:
 async def test_close_without_response_is_empty_response(
     transport: HttpTransport, raw_server: Callable[[StreamHandler], Awaitable[str]]
 ) -> None:
-    """A server that closes the connection without answering is EmptyResponse (exit 52)."""
+    """A server that closes the connection without answering is EmptyResponse (exit 52), and is sent the
+    request once: it may have acted on it, and sending it again is the upstream's retry policy's to decide."""
+    received = []
 
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
+        received.append(await reader.readuntil(b"\r\n\r\n"))
         writer.close()
         await writer.wait_closed()
 
@@ -377,6 +379,7 @@ async def test_close_without_response_is_empty_response(
     with pytest.raises(errors.EmptyResponse) as info:
         await send(transport, request("GET", url + "/x"))
     assert info.value.exit_code == 52
+    assert len(received) == 1
 
 
 async def test_connection_lost_mid_body_is_receive_failed(

@@ -185,7 +185,7 @@ class HttpTransport:
         connector = (
             make_connector(self._policy, KeepAliveConnector, **options) if checked else KeepAliveConnector(**options)
         )
-        return aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=connector,
             # Calls from different users share this pool: never carry cookies between them.
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -194,6 +194,12 @@ class HttpTransport:
             skip_auto_headers=("User-Agent",),
             headers={"User-Agent": "toolworker"},
         )
+        # aiohttp sends a GET, HEAD, OPTIONS, PUT or DELETE again, once and silently, when its connection
+        # breaks before the response, even after the upstream read and acted on it: a call would reach the
+        # upstream twice behind its `retry:` policy's back. Whether to send again is that policy's to say.
+        # (No public setting: aiohttp's own test client turns it off the same way.)
+        session._retry_connection = False
+        return session
 
     async def send(
         self,
