@@ -323,8 +323,7 @@ def test_a_shard_added_by_a_rolling_restart_loses_nothing_and_runs_nothing_twice
             for producer in producers:
                 producer.join(120)
         assert not errors, errors[:3]
-        failed = [(label, tenant, result.exit_code, result.error) for label, tenant, result in answered.values()]
-        failed = [failure for failure in failed if failure[2]]
+        failed = [(label, tenant, r.exit_code, r.error) for label, tenant, r in answered.values() if r.exit_code]
         assert not failed, (len(failed), failed[:3])
         for key, (label, tenant, result) in answered.items():
             expected = (before if label == "old" else after).of(tenant).name
