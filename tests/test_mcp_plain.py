@@ -142,6 +142,20 @@ async def test_a_plain_call_is_answered_as_the_sdk_answers_it(body: dict[str, An
     assert response(ours) == response(theirs)
 
 
+async def test_each_client_is_answered_with_its_own_declared_capabilities() -> None:
+    """Clients taking turns on one gateway (typed identities are kept by envelope): each call sees what its own
+    client declared, as the SDK's answer does, the first time and again."""
+    declared = [{"elicitation": {"form": {}}}, {"sampling": {}}, {}, {"elicitation": {"form": {}}, "roots": {}}]
+    async with transports() as (transport, plain):
+        for capabilities in [*declared, *declared]:
+            meta = {**META, "io.modelcontextprotocol/clientCapabilities": capabilities}
+            scope, raw = request(call("capabilities", _meta=meta), **{"mcp-name": "capabilities"})
+            _, ours = await answer(plain, scope, raw)
+            _, theirs = await answer(transport.handle_request, scope, raw)
+            assert response(ours) == response(theirs)
+            assert json.loads(response(ours)[2]["result"]["content"][0]["text"]) == capabilities
+
+
 NOT_TAKEN = [
     pytest.param(call("echo"), {"mcp-protocol-version": "2025-11-25"}, id="handshake-era"),
     pytest.param(call("echo"), {"mcp-session-id": "abc"}, id="session"),

@@ -30,7 +30,7 @@ from mcp.server._streamable_http_modern import _SingleExchangeDispatchContext  #
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
-from mcp.server.runner import aclose_shielded, modern_error_data
+from mcp.server.runner import modern_error_data
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import check_accept_headers
 from mcp.server.transport_security import TransportSecurityMiddleware
@@ -61,6 +61,8 @@ CallHandler = Callable[[Context, types.CallToolRequestParams], Awaitable[dict[st
 _METHOD = "tools/call"
 _PARAM_HEADER = MCP_PARAM_HEADER_PREFIX.lower()
 _ENVELOPE_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+_IDENTITIES_KEPT = 256  # distinct client envelopes kept; all forgotten when full
+_IDENTITY_KEY_MAX = 4096  # characters of an envelope's repr: a larger one is not kept
 
 
 class PlainCalls:
@@ -71,6 +73,7 @@ class PlainCalls:
         self._call_tool = call_tool
         self._transport = transport  # the JSON transport the request would go to: its settings and lifespan
         self._security = TransportSecurityMiddleware(transport.security_settings)
+        self._identities: dict[str, Connection] = {}  # by envelope: connections whose identity new ones share
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> bool:
         request = Request(scope, receive)
@@ -78,7 +81,7 @@ class PlainCalls:
         if found is None:
             return False
         message, route, params = found
-        connection = Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
+        connection = self._connection(route)
         exchange = _SingleExchangeDispatchContext(
             transport=TransportContext(kind="streamable-http", can_send_request=False, headers=request.headers),
             request_id=message["id"],
@@ -102,7 +105,9 @@ class PlainCalls:
             answer = {"error": error.model_dump(mode="json", by_alias=True, exclude_none=True)}
             status = ERROR_CODE_HTTP_STATUS.get(error.code, 200)
         finally:
-            await aclose_shielded(connection)
+            # What the SDK's runner does after a request (aclose_shielded), without its shielded, bounded scope:
+            # nothing on this path puts a cleanup on the connection's exit stack, so there is none to protect.
+            await connection.exit_stack.aclose()
         body = json.dumps({"jsonrpc": "2.0", "id": message["id"], **answer}, separators=(",", ":"))
         await send_json(send, status, body.encode())
         return True
@@ -135,6 +140,28 @@ class PlainCalls:
         except Exception:  # what is wrong with them is the SDK's to say
             return None
         return message, route, params
+
+    def _connection(self, route: InboundModernRoute) -> Connection:
+        """The request's connection, as `Connection.from_envelope` makes it, its typed client identity (two or three
+        pydantic models, most of what a connection costs) made once per envelope: a client sends the same
+        `clientInfo` and capabilities with every request."""
+        try:
+            key = repr((route.protocol_version, route.client_info, route.client_capabilities))
+        except RecursionError:
+            key = ""
+        template = self._identities.get(key) if key else None
+        if template is None:
+            template = Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
+            if not key or len(key) > _IDENTITY_KEY_MAX:
+                return template  # an outsized or too deep envelope is typed each time, not kept
+            if len(self._identities) >= _IDENTITIES_KEPT:
+                self._identities.clear()
+            self._identities[key] = template
+        connection = Connection(template.outbound, protocol_version=route.protocol_version)
+        connection.client_params = template.client_params
+        connection.client_capabilities = template.client_capabilities
+        connection.initialized.set()
+        return connection
 
     def _wire(self, version: str, result: dict[str, Any]) -> dict[str, Any]:
         """The result as the SDK's runner shapes a `tools/call` result: the revision's surface (which
