@@ -10,7 +10,9 @@ concurrency:
   workers send it);
 - fleet: `AsyncToolClient` calls of `bench_echo` through the worker: calls/s, the server's handshakes per
   call (the worker keeps one session, so after its warm-up: 0) and the worker's CPU per call;
-- fleet, HTTP: the same number of calls of the HTTP tool, for the worker's CPU per HTTP call.
+- fleet, HTTP: the same number of calls of the HTTP tool, for the worker's CPU per HTTP call;
+- the SDK's client alone, built as a worker builds its session (its transport, uvloop), in this process: its
+  CPU per call, the least an MCP call can cost a worker that sends with the SDK.
 
 Targets: the fleet at least 80% of the direct client's calls/s; worker CPU per MCP call at most 3x an HTTP
 call's. The medians of the rounds.
@@ -30,6 +32,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import uvloop
 
 from benchmarks.harness import processes, profiling
 from benchmarks.harness.constants import CALL_TIMEOUT_S, RAW_CONCURRENCY, START_TIMEOUT_S, TOOL
@@ -185,6 +189,30 @@ async def _direct(mcp_url: str, calls: int, concurrency: int) -> float:
         return await _limited(calls, concurrency, one)
 
 
+async def _sdk_alone(mcp_url: str, calls: int, concurrency: int) -> float:
+    """The `mcp` SDK's client alone, built as a worker builds its session (its httpx client sent with aiohttp,
+    on uvloop), calling `echo` as the workers do: this process's CPU seconds for `calls` calls. What an MCP call
+    costs a worker can be no less."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from worker.mcp_client.connections import http_client
+
+    async with (
+        http_client({}, httpx2.Timeout(CALL_TIMEOUT_S), httpx2.Auth()) as http,
+        Client(streamable_http_client(f"{mcp_url}/mcp", http_client=http), cache=None) as client,
+    ):
+        await client.session.call_tool("echo", {"text": "warm"})
+
+        async def one(i: int) -> None:
+            await client.session.call_tool("echo", {"text": str(i)})
+
+        started = time.process_time()
+        await _limited(calls, concurrency, one)
+        return time.process_time() - started
+
+
 async def _fleet(redis_url: str, tool: str, arguments: dict[str, Any], calls: int, concurrency: int) -> float:
     async with AsyncToolClient(redis_url) as client:
 
@@ -204,12 +232,14 @@ def _round(redis_url: str, mcp_url: str, pid: int, calls: int) -> dict[str, floa
     fleet_handshakes = handshakes(mcp_url) - before
     with Meter(pid) as http_meter:
         asyncio.run(_fleet(redis_url, HTTP_TOOL, {"i": 1}, calls, CONCURRENCY))
+    sdk_cpu_s = uvloop.run(_sdk_alone(mcp_url, calls, CONCURRENCY))
     return {
         "direct_calls_per_s": calls / direct_s,
         "fleet_calls_per_s": calls / fleet_s,
         "handshakes_per_call": fleet_handshakes / calls,
         "worker_cpu_ms_per_mcp_call": mcp_meter.cpu_s * 1000 / calls,
         "worker_cpu_ms_per_http_call": http_meter.cpu_s * 1000 / calls,
+        "sdk_client_cpu_ms_per_call": sdk_cpu_s * 1000 / calls,
     }
 
 
@@ -256,6 +286,11 @@ def print_section(results: dict[str, Any]) -> None:
     print(
         f"  worker CPU per call: MCP {results['worker_cpu_ms_per_mcp_call']:.3f} ms, "
         f"HTTP {results['worker_cpu_ms_per_http_call']:.3f} ms"
+    )
+    sdk_ms = results["sdk_client_cpu_ms_per_call"]
+    print(
+        f"  the SDK's client alone, as a worker builds it: {sdk_ms:.3f} ms of CPU per call, "
+        f"{sdk_ms / results['worker_cpu_ms_per_http_call']:.2f}x an HTTP call's worker CPU (a floor for MCP's)"
     )
     for target in targets(results):
         print(f"  [{'met' if target.met else 'MISSED':>6}] {target.name}: {target.shown}")

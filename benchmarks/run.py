@@ -237,7 +237,11 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
         for section in SECTIONS:
             if not only or getattr(args, f"{section.name}_only"):
                 print(section.what, file=sys.stderr, flush=True)
-                results[section.name] = section.run(server, sizes, args)
+                try:
+                    results[section.name] = section.run(server, sizes, args)
+                except Exception as exc:  # calls that failed under load void their section, not the run
+                    print(f"  {section.name}: not measured: {exc}", file=sys.stderr, flush=True)
+                    results.setdefault("failed", {})[section.name] = f"{type(exc).__name__}: {exc}"
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["load_average_after"] = os.getloadavg()[0]
     results["targets"] = [asdict(t) for t in targets(results)]
@@ -245,12 +249,14 @@ def measure(sizes: Sizes, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def targets(results: dict[str, Any]) -> list[Target]:
+    """Each measured section's targets, and a missed one for each section that could not be measured."""
+    failed = [Target(f"{name} measured", error, False) for name, error in results.get("failed", {}).items()]
     return [
         target
         for section in SECTIONS
         if section.targets is not None and results.get(section.name)
         for target in section.targets(results[section.name])
-    ]
+    ] + failed
 
 
 # Output
@@ -372,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     if previous is not None:
         print_comparison(previous, results)
     print(f"\n{results['seconds']:.0f} s; results in {path} and {path.parent / 'latest.json'}")
+    if results.get("failed"):
+        sys.exit(f"not measured: {', '.join(results['failed'])}")
 
 
 if __name__ == "__main__":
