@@ -145,17 +145,14 @@ class PlainCalls:
         """The request's connection, as `Connection.from_envelope` makes it, its typed client identity (two or three
         pydantic models, most of what a connection costs) made once per envelope: a client sends the same
         `clientInfo` and capabilities with every request."""
-        try:
-            key = repr((route.protocol_version, route.client_info, route.client_capabilities))
-        except RecursionError:
-            key = ""
-        template = self._identities.get(key) if key else None
+        key = _envelope_key(route)
+        if key is None:  # an outsized or too deep envelope is typed each time, not kept
+            return Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
+        template = self._identities.get(key)
         if template is None:
-            template = Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
-            if not key or len(key) > _IDENTITY_KEY_MAX:
-                return template  # an outsized or too deep envelope is typed each time, not kept
             if len(self._identities) >= _IDENTITIES_KEPT:
                 self._identities.clear()
+            template = Connection.from_envelope(route.protocol_version, route.client_info, route.client_capabilities)
             self._identities[key] = template
         connection = Connection(template.outbound, protocol_version=route.protocol_version)
         connection.client_params = template.client_params
@@ -182,6 +179,16 @@ class PlainCalls:
         elif isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None:
             result["_meta"] = {**meta, types.SERVER_INFO_META_KEY: self._server.server_info_stamp}
         return result
+
+
+def _envelope_key(route: InboundModernRoute) -> str | None:
+    """What identifies a client's envelope (its values as parsed from JSON, written out), or None when it is too
+    large to keep or too deep to write out."""
+    try:
+        key = repr((route.protocol_version, route.client_info, route.client_capabilities))
+    except RecursionError:
+        return None
+    return key if len(key) <= _IDENTITY_KEY_MAX else None
 
 
 def _plain_envelope(message: Any) -> bool:
