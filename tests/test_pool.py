@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from kombu.asynchronous import Hub, get_event_loop, set_event_loop
 
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
 from worker.queue.pool import TaskPool, _call_payload
@@ -54,9 +57,19 @@ def test_anything_else_takes_celerys_path(args: tuple[Any, ...]) -> None:
     assert _call_payload(args) is None
 
 
+def answered(values: list[Any]) -> list[Future[Any]]:
+    futures = []
+    for value in values:
+        future: Future[Any] = Future()
+        future.set_result(value)
+        futures.append(future)
+    return futures
+
+
 def test_answered_messages_are_all_completed_even_when_one_completion_fails() -> None:
-    """Messages answered together are completed by one pool thread, in order; a completion that raises is
-    logged and the others still run (no message is left unacknowledged)."""
+    """Messages answered together are completed in order, with no consumer loop by one pool thread; a
+    completion that raises is logged and the others still run (no message is left unacknowledged)."""
+    assert get_event_loop() is None
     pool = TaskPool(limit=2)
     completed: list[Any] = []
 
@@ -65,11 +78,7 @@ def test_answered_messages_are_all_completed_even_when_one_completion_fails() ->
         if outcome[1] == repr({"n": 1}):
             raise RuntimeError("Celery's completion failed")
 
-    futures = []
-    for n in range(5):
-        future: Future[Any] = Future()
-        future.set_result({"n": n})
-        futures.append(future)
+    futures = answered([{"n": n} for n in range(5)])
     with pool._idle:
         pool._pending = len(futures)
     try:
@@ -80,3 +89,61 @@ def test_answered_messages_are_all_completed_even_when_one_completion_fails() ->
     finally:
         pool.executor.shutdown(wait=True)
     assert completed == [repr({"n": n}) for n in range(5)]
+
+
+@pytest.fixture
+def consumer_loop() -> Iterator[tuple[Hub, threading.Thread]]:
+    """A running kombu hub, as Celery's consumer runs it (the process's current one)."""
+    hub = Hub()
+    set_event_loop(hub)
+    thread = threading.Thread(target=hub.run_forever, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while hub._loop_thread is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield hub, thread
+    finally:
+        hub.stop()
+        thread.join(10)
+        hub.close()
+        set_event_loop(None)
+
+
+def test_answered_messages_are_completed_on_the_consumers_loop(consumer_loop: tuple[Hub, threading.Thread]) -> None:
+    """Celery's completion (task event, acknowledgement) runs on the consumer's loop, which makes the
+    acknowledgement anyway: no pool thread is woken for it."""
+    _, thread = consumer_loop
+    pool = TaskPool(limit=2)
+    ran_on: list[int | None] = []
+    futures = answered([{"n": n} for n in range(3)])
+    with pool._idle:
+        pool._pending = len(futures)
+    for future in futures:
+        pool._answered(lambda outcome: ran_on.append(threading.get_ident()), time.monotonic(), future)
+    with pool._idle:
+        assert pool._idle.wait_for(lambda: pool._pending == 0, timeout=10)
+    assert ran_on == [thread.ident] * 3
+
+
+def test_a_warm_shutdown_completes_what_the_stopped_consumer_loop_left() -> None:
+    """Celery stops its consumer's loop before the pool: the messages answered after that (their completion
+    handed to a loop that no longer turns) are completed by the pool's stop, which then returns."""
+    hub = Hub()
+    hub._loop_thread = threading.get_ident()  # a consumer loop that ran and has stopped
+    set_event_loop(hub)
+    pool = TaskPool(limit=2)
+    completed: list[Any] = []
+    futures = answered(["late"])
+    try:
+        with pool._idle:
+            pool._pending = 1
+        pool._answered(lambda outcome: completed.append(outcome[1]), time.monotonic(), futures[0])
+        stopping = threading.Thread(target=pool.on_stop, daemon=True)
+        stopping.start()
+        stopping.join(10)
+        assert not stopping.is_alive()
+        assert completed == [repr("late")]
+    finally:
+        hub.close()
+        set_event_loop(None)

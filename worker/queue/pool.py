@@ -3,9 +3,10 @@
 Celery's thread pool gives every message a thread, which then sits blocked while the event loop does the
 work: three threads hand each call along (consumer, pool thread, loop), and at light load those
 hand-offs cost more than the call. Here the consumer starts a call message's coroutine on the loop
-directly; when the call is answered, a pool thread runs Celery's completion (acknowledgement, task
-event), off the loop and after the result is out. Any other task, or a body that does not decode, takes
-Celery's thread path unchanged. A warm shutdown waits for the calls in flight and their acknowledgements.
+directly; when the call is answered, Celery's completion (task event, acknowledgement) runs back on the
+consumer's own loop, off the event loop and after the result is out, where the acknowledgement is made
+anyway. Any other task, or a body that does not decode, takes Celery's thread path unchanged. A warm
+shutdown waits for the calls in flight and their acknowledgements.
 Either way, a message handed to the pool is marked started for the broker transport: a connection lost
 from then on leaves it held for its own acknowledgement rather than putting it back (broker.py).
 
@@ -29,6 +30,7 @@ import structlog
 from billiard.einfo import ExceptionInfo
 from celery.concurrency import thread
 from celery.utils.saferepr import saferepr
+from kombu.asynchronous import get_event_loop
 from kombu.serialization import loads, prepare_accept_content
 
 from worker.constants import ACCEPT_CONTENT, OVER_QUOTA_HEADER, TASK_EXECUTE, TASK_EXECUTE_BATCH
@@ -40,6 +42,7 @@ from worker.queue.outcome import CallFailed, failure
 log = structlog.get_logger("toolworker.pool")
 _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
 _RESULT_REPR_CHARS = 1024  # the summary shown in task events (Flower), as Celery's default
+_STOP_POLL_S = 0.05  # how often a warm shutdown completes the messages answered meanwhile
 
 
 class TaskPool(thread.TaskPool):
@@ -48,7 +51,7 @@ class TaskPool(thread.TaskPool):
         self._pending = 0  # call messages started and not yet acknowledged
         self._idle = threading.Condition()
         self._answers: deque[tuple[Callable[..., Any], Future[Any], float]] = deque()  # to complete
-        self._completing = False  # a pool thread completes them
+        self._completing = False  # their completion is under way
 
     def apply_async(self, target: Callable[..., Any], args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         # Not Celery's: at debug level it logs the raw task body, call header values included.
@@ -82,12 +85,17 @@ class TaskPool(thread.TaskPool):
         return thread.ApplyResult(future)
 
     def _answered(self, callback: Callable[..., Any], started: float, future: Future[Any]) -> None:
-        """On the loop, once every call of the message is answered: complete it on a pool thread, with the
-        other messages answered meanwhile (one thread woken for them)."""
+        """On the loop, once every call of the message is answered: complete it on Celery's consumer loop, with
+        the other messages answered meanwhile (one wake-up for them). Without a consumer loop (none ran yet), a
+        pool thread completes them."""
         self._answers.append((callback, future, time.monotonic() - started))
         if not self._completing:
             self._completing = True
-            self.executor.submit(self._complete_answered)
+            hub = get_event_loop()
+            if hub is not None and hub._loop_thread is not None:
+                hub.call_soon(self._complete_answered)  # thread-safe; run before the hub polls again
+            else:
+                self.executor.submit(self._complete_answered)
 
     def _complete_answered(self) -> None:
         while True:
@@ -116,8 +124,13 @@ class TaskPool(thread.TaskPool):
                 self._idle.notify_all()
 
     def on_stop(self) -> None:
-        with self._idle:  # a warm shutdown: the calls in flight finish and are acknowledged
-            self._idle.wait_for(lambda: self._pending == 0)
+        """A warm shutdown: the calls in flight finish and are acknowledged. Celery's consumer loop has stopped
+        by now (the hub closes after the pool), so what it would have completed is completed here."""
+        while True:
+            self._complete_answered()
+            with self._idle:
+                if self._idle.wait_for(lambda: self._pending == 0, timeout=_STOP_POLL_S):
+                    break
         super().on_stop()
 
 
