@@ -109,7 +109,8 @@ def _limit(over_quota: Any) -> int | None:
 
 async def _bounded(work: Awaitable[Any], limit_s: float) -> Any:
     try:
-        return await asyncio.wait_for(work, limit_s)
+        async with asyncio.timeout(limit_s):  # in this task: wait_for would start a task of its own for the work
+            return await work
     except PublishFailed as exc:  # Celery then rejects the message with requeue, on either pool
         # A pause first, so that a Redis refusing writes is not sent the same call in a tight loop.
         await asyncio.sleep(REQUEUE_PAUSE_S)

@@ -85,6 +85,8 @@ class Service:
             log.info("call.already_answered", callIds=sorted(done))
             await self._woken(done)
         pending = [(self._checked(p[0], over_quota), p[1]) for p in parsed if p[0].call_id not in done]
+        if len(pending) == 1:  # most messages: answered in this task, without a task of its own
+            return [await self._answer(*pending[0], received_at)]
         # Every call of the message runs to its end before a failure hands the message back.
         outcomes = await asyncio.gather(
             *(self._answer(item, reply_to, received_at) for item, reply_to in pending), return_exceptions=True
