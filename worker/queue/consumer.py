@@ -11,6 +11,8 @@ from celery.worker.consumer import Consumer
 from worker.queue.dead_letter import answer_undecodable, dead_letter
 
 _EVENTS_FLUSH_DELAY_S = 0.02
+# Task events kept for that flush before one is made at once (Celery's 24 makes a publication every 8 messages).
+_EVENTS_BUFFER_LIMIT = 256
 # kombu's reconnect waits 2 s more after each failed try (up to 30 s): a shard or primary back after a long
 # outage would wait that long for its calls to be taken again.
 _RECONNECT_EVERY_S = 1.0
@@ -22,9 +24,21 @@ class DeadLetteringConsumer(Consumer):
 
     Task events leave in one flush a few milliseconds after the first is buffered, not at once: a
     call's received, started and succeeded events then go out together, after the call rather than
-    while it runs (Celery flushes on the next loop turn, twice per message)."""
+    while it runs (Celery flushes on the next loop turn, twice per message), and so do those of the
+    other messages of those milliseconds."""
 
     _events_flush_scheduled = False
+    _event_dispatcher: Any = None
+
+    @property
+    def event_dispatcher(self) -> Any:
+        return self._event_dispatcher
+
+    @event_dispatcher.setter
+    def event_dispatcher(self, dispatcher: Any) -> None:  # made by Celery's Events step at each (re)start
+        if dispatcher is not None:
+            dispatcher.buffer_limit = _EVENTS_BUFFER_LIMIT
+        self._event_dispatcher = dispatcher
 
     def on_send_event_buffered(self) -> None:
         if self.hub and not self._events_flush_scheduled:
