@@ -42,6 +42,7 @@ LAYERS: list[frozenset[str]] = [
             "worker.heap",
             "worker.shards",
             "worker.sealing",
+            "worker.json_text",
         }
     ),
 ]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from worker import json_text
 from worker.errors import ToolError
 
 _CAMEL = {
@@ -94,10 +94,10 @@ class ToolResult:
     def to_json(self) -> str:
         """The envelope as published: JSON whose every text is valid Unicode (see `valid_text`).
 
-        Made valid once, on the whole text: JSON written with ensure_ascii=False carries a lone surrogate as
-        it is, and what `valid_text` puts in its place (U+FFFD, or a character of U+0080-U+00FF) needs no
+        Made valid once, on the whole text: JSON written with non-ASCII text as it is carries a lone surrogate
+        as it is, and what `valid_text` puts in its place (U+FFFD, or a character of U+0080-U+00FF) needs no
         escape in JSON. Raises ValueError or TypeError when a field holds something JSON cannot carry."""
-        return valid_text(json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False))
+        return valid_text(json_text.dumps(self.to_dict()))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolResult:

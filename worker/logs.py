@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from worker import json_text
 from worker.constants import REDACTED
 from worker.redaction import MIN_SECRET_LEN, is_secret_name
 
@@ -70,7 +71,7 @@ def _names_secret(key: Any) -> bool:
 
 def configure(log_format: str = "json", level: str = "INFO") -> None:
     renderer: Any = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(json_text.dumps, allow_nan=True)
         if log_format == "json"
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from datetime import UTC
 from typing import Any, cast
@@ -11,7 +10,7 @@ from typing import Any, cast
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaViolation
 
-from worker import errors
+from worker import errors, json_text
 from worker.call.fairness import FairTurns
 from worker.call.runtime import TURNS_PER_CONNECTION
 from worker.constants import MAX_ARGUMENTS_BYTES, MAX_ARGUMENTS_DEPTH
@@ -53,7 +52,7 @@ def validate_arguments(arguments: dict[str, Any], validator: Draft202012Validato
 def encoded_size(value: Any) -> int:
     """UTF-8 size of a JSON value; text that is not valid Unicode (a lone surrogate) is refused."""
     try:
-        return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        return len(json_text.utf8(value))
     except UnicodeEncodeError:
         raise errors.InvalidArguments("The arguments or headers contain text that is not valid Unicode.") from None
 

@@ -110,9 +110,14 @@ def _json_body(text: str, response: Response) -> Any:
     if not response.complete or not text or text.lstrip()[:1] not in _JSON_STARTS:
         return _NOT_JSON
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json_constant)
     except ValueError:
         return _NOT_JSON
+
+
+def _not_json_constant(name: str) -> Any:
+    """NaN, Infinity and -Infinity, which Python reads and JSON has no word for: such a body is text."""
+    raise ValueError(f"{name} is not JSON")
 
 
 # What a JSON document that is worth reading as structure starts with (an object, an array, a string).
