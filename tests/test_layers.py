@@ -77,6 +77,8 @@ ACROSS_SEAMS |= {("worker.gateway.rest.connections", "worker.call.mcp_clients")}
 # The cache: the gateway answers a hit without the queue, so it finds an answer under the key the workers
 # store it under, computed by the one function of the call's cache.
 ACROSS_SEAMS |= {("worker.gateway.calls", "worker.call.cache")}
+# ... once it has checked the call's arguments as the worker checks them (a cached answer is for valid ones only).
+ACROSS_SEAMS |= {("worker.gateway.calls", "worker.call.arguments")}
 # The gateway's rooms, top to bottom: the app composes the surfaces, which share the calls and the catalog,
 # which use identity (who calls) and the leaves. A room is a sub-package or a top-level module.
 GATEWAY_FLOORS: list[frozenset[str]] = [

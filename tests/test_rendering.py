@@ -9,10 +9,9 @@ from urllib.parse import parse_qs, unquote
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jsonschema import Draft202012Validator
 from yarl import URL
 
-from worker.call.admission import validate_arguments
+from worker.call.arguments import ArgumentSchema
 from worker.call.rendering import render
 from worker.constants import REDACTED
 from worker.definitions.model import Source, Tool, Upstream
@@ -496,7 +495,7 @@ def test_redact() -> None:
 def test_lone_surrogate_argument_is_an_argument_error(arguments: dict[str, Any]) -> None:
     """Text that JSON can carry but UTF-8 cannot encode is refused at validation, before any rendering."""
     with pytest.raises(InvalidArguments, match="not valid Unicode"):
-        validate_arguments(arguments, Draft202012Validator({}))
+        ArgumentSchema({}).check(arguments)
 
 
 # --- property: arguments cannot change where the request goes ---------------------------------

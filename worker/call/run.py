@@ -14,7 +14,8 @@ import structlog
 
 from worker import errors, logs, metrics
 from worker.call import cache, call_headers, pagination, ratelimit, shaping
-from worker.call.admission import call_deadline, encoded_size, validate_arguments
+from worker.call.admission import call_deadline
+from worker.call.arguments import encoded_size
 from worker.call.catalog_tools import CatalogTool
 from worker.call.handlers import DefinedTool, ToolHandler
 from worker.call.http_request import HttpRequestTool
@@ -103,7 +104,7 @@ async def admit(call: ToolCall, runtime: Runtime, received_at: float) -> Job:
     call = call_headers.opened(call, runtime.users.keyring)
     tool, upstream = runtime.resolve(call.tool)
     logs.bind_call(upstream=upstream.name)
-    arguments = validate_arguments(call.arguments, runtime.validator(tool))
+    arguments = runtime.arguments_schema(tool).check(call.arguments)
     if call.headers:
         encoded_size(call.headers)  # refuses text that is not valid Unicode
     await _tenant_rate(call.tenant, runtime, deadline)

@@ -7,9 +7,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
-from jsonschema import Draft202012Validator
 
 from worker import errors
+from worker.call.arguments import ArgumentSchema
 from worker.call.auth import TokenCache
 from worker.call.circuit import Breakers
 from worker.call.delegated import UserTokens
@@ -59,7 +59,7 @@ class Runtime:
         self._mcp = mcp
         # Told which upstream's server said its tools changed, on a session this process holds.
         self.on_tools_changed: Callable[[str], None] | None = None
-        self._validators: dict[str, Draft202012Validator] = {}
+        self._schemas: dict[str, ArgumentSchema] = {}
         self._turns: dict[str, FairTurns] = {}
 
     @property
@@ -105,7 +105,7 @@ class Runtime:
     def swap(self, toolset: ToolSet) -> None:
         """Serve a new set of tools from the next call on (calls in flight keep theirs); pools whose
         upstream settings changed are retired."""
-        self.toolset, self._validators, self._turns = toolset, {}, {}
+        self.toolset, self._schemas, self._turns = toolset, {}, {}
         self.transport.retire(pool_spec(upstream) for upstream in toolset.upstreams.values())
 
     def turns(self, upstream: Upstream) -> FairTurns:
@@ -119,11 +119,11 @@ class Runtime:
     def tenant_weight(self, tenant: str) -> int:
         return self.toolset.tenant(tenant).weight
 
-    def validator(self, tool: Tool) -> Draft202012Validator:
-        validator = self._validators.get(tool.name)
-        if validator is None:
-            validator = self._validators[tool.name] = Draft202012Validator(tool.input_schema)
-        return validator
+    def arguments_schema(self, tool: Tool) -> ArgumentSchema:
+        schema = self._schemas.get(tool.name)
+        if schema is None:
+            schema = self._schemas[tool.name] = ArgumentSchema(tool.input_schema)
+        return schema
 
     async def close(self) -> None:
         if self._mcp is not None:

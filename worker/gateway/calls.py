@@ -29,17 +29,17 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from jsonschema import Draft202012Validator
 from redis.exceptions import RedisError
 
 from worker import tracing
 from worker.call import cache
+from worker.call.arguments import ArgumentSchema
 from worker.client import AsyncToolClient
 from worker.connections import async_client
 from worker.constants import KIND_PROGRAM, PROGRAM_TOOL
 from worker.definitions.model import Tool, needs_approval
 from worker.envelope import ToolResult
-from worker.errors import UnknownTool
+from worker.errors import ToolError, UnknownTool
 from worker.gateway import metrics
 from worker.gateway.catalog import Catalog, Snapshot
 from worker.gateway.claims import Claim, Claims
@@ -225,10 +225,8 @@ class Calls:
         if lookup is None:
             return None
         try:
-            valid = _validator(tool).is_valid(dict(spec.arguments))
-        except RecursionError:
-            valid = False
-        if not valid:
+            _arguments_schema(tool).check(dict(spec.arguments))
+        except ToolError:
             return None  # the worker says what is wrong with them
         hit = await lookup.get(call_id)
         metrics.observe_cache(tool.name, hit=hit is not None)
@@ -348,8 +346,8 @@ async def open_calls(settings: Settings, tags: Iterable[str] = ()) -> AsyncItera
 
 
 @lru_cache(maxsize=4096)
-def _validator(tool: Tool) -> Draft202012Validator:
-    return Draft202012Validator(tool.input_schema)
+def _arguments_schema(tool: Tool) -> ArgumentSchema:
+    return ArgumentSchema(tool.input_schema)
 
 
 def fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:

@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from worker import errors
-from worker.call.admission import call_deadline, validate_arguments
+from worker.call.admission import call_deadline
 from worker.call.runtime import Runtime
 from worker.constants import DEFAULT_QUEUE, DEFAULT_TENANT, MAX_CALL_TIMEOUT_S, REDACTED
 from worker.definitions.model import Tool, Upstream, needs_approval
@@ -196,7 +196,7 @@ class Gate:
             return None
         try:  # a call that cannot run anyway is answered at once, not parked
             call_deadline(call, received_at)
-            validate_arguments(call.arguments, self.runtime.validator(rule[0]))
+            self.runtime.arguments_schema(rule[0]).check(call.arguments)
         except errors.ToolError:
             return None
         return await self._admit(call, *rule)
