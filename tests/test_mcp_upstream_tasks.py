@@ -25,6 +25,7 @@ from mcp.types import ElicitRequestParams, ElicitResult, TextContent
 
 from tests.conftest import start_worker, stop_worker, wait_ready
 from tests.support.gateway_stack import TOKEN, Gateway, auth, gateway_env, start_gateway
+from tests.support.log_lines import log_events
 from tests.support.mcp_servers import ROOT, AnsweringCaller, McpServerProcess
 from tests.support.waiting import scaled, wait_until
 from worker.client import ToolClient
@@ -70,8 +71,8 @@ class Stack:
 
     def cancels(self, why: str) -> int:
         """How many tasks/cancel the workers sent, for this reason ("cancelled" or "deadline")."""
-        lines = [line for log in self.logs.glob("*.log") for line in log.read_text(errors="replace").splitlines()]
-        return sum(1 for line in lines if "mcp.task_cancelled" in line and f'"why": "{why}"' in line)
+        events = [event for log in self.logs.glob("*.log") for event in log_events(log.read_text(errors="replace"))]
+        return sum(1 for event in events if event.get("event") == "mcp.task_cancelled" and event.get("why") == why)
 
     def worker(self, name: str) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
