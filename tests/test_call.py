@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from structlog.typing import Processor
 from yarl import URL
@@ -22,6 +24,7 @@ from worker import errors, logs
 from worker.call import shaping
 from worker.call.admission import Turn
 from worker.call.fairness import FairTurns
+from worker.call.handlers import origin_of
 from worker.call.job import Answer, Job
 from worker.call.run import run_call
 from worker.call.runtime import TURNS_PER_CONNECTION, Runtime
@@ -738,3 +741,21 @@ async def test_arguments_nested_to_the_limit_are_not_refused_for_their_depth(run
     arguments = {"ticket_id": "T-1", **nested_object(MAX_ARGUMENTS_DEPTH)}
     envelope, _ = await run({"tool": "ticket_lookup", "arguments": arguments})
     assert envelope.error is None or "levels deep" not in envelope.error["message"]
+
+
+_URL_TEXT = st.text(alphabet=st.sampled_from(list("abcH:/?#@[]\\%.19")), max_size=20)
+
+
+@given(st.sampled_from(["http://", "https://", "HTTP://"]), _URL_TEXT, _URL_TEXT)
+def test_a_request_s_origin_is_the_origin_yarl_parses(scheme: str, authority: str, rest: str) -> None:
+    """The trusted origin is read from the text before the path, as parsing the whole URL would read it."""
+    url = scheme + authority + rest
+    try:
+        expected: Any = URL(url, encoded=True).origin()
+    except ValueError:
+        expected = ValueError
+    try:
+        found: Any = origin_of(url)
+    except ValueError:
+        found = ValueError
+    assert found == expected
