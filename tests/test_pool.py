@@ -13,7 +13,7 @@ import pytest
 from kombu.asynchronous import Hub, get_event_loop, set_event_loop
 
 from worker.constants import TASK_EXECUTE, TASK_EXECUTE_BATCH
-from worker.queue.pool import TaskPool, _call_payload
+from worker.queue.pool import TaskPool, _call_payload, summary_repr
 
 CALL = {"callId": "c1", "tool": "t", "arguments": {}}
 
@@ -147,3 +147,27 @@ def test_a_warm_shutdown_completes_what_the_stopped_consumer_loop_left() -> None
     finally:
         hub.close()
         set_event_loop(None)
+
+
+@pytest.mark.parametrize(
+    "summaries",
+    [
+        {"callId": "c1", "tool": "t", "exitCode": 0, "statusCode": 200},
+        [{"callId": f"c{i}", "tool": "t", "exitCode": 0, "statusCode": 200} for i in range(3)],
+        {"callId": "c1", "tool": "t", "exitCode": 22, "error": {"type": "http_error", "message": "x" * 2000}},
+    ],
+    ids=["one call", "a batch", "a long error"],
+)
+def test_a_result_is_shown_as_its_summaries_repr_within_the_cap(summaries: Any) -> None:
+    """What Flower shows of a message's result is the repr of its summaries, cut at 1,024 characters."""
+    shown = summary_repr(summaries)
+    full = repr(summaries)
+    assert shown == full if len(full) <= 1024 else (len(shown) == 1024 and shown == full[:1021] + "...")
+
+
+def test_a_large_batch_is_shown_by_its_first_summaries() -> None:
+    """A batch of thousands of calls is not written out whole to be cut: its first summaries and an ellipsis."""
+    summaries = [{"callId": f"c{i}", "exitCode": 0} for i in range(100_000)]
+    shown = summary_repr(summaries)
+    assert shown.startswith("[{'callId': 'c0', 'exitCode': 0}, {'callId': 'c1'") and shown.endswith("...]")
+    assert "c99999" not in shown and len(shown) <= 1024

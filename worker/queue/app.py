@@ -12,9 +12,12 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import CPendingDeprecationWarning
 from celery.signals import celeryd_after_setup
+from kombu import serialization
+from kombu.utils import json as kombu_json
 
 from worker import connections
 from worker.constants import ACCEPT_CONTENT, DEFAULT_QUEUE
+from worker.protocol import kombu_loads
 from worker.queue import broker
 from worker.settings import get_settings
 
@@ -31,6 +34,8 @@ celeryd_after_setup.connect(_quiet_cancel_warning, weak=False)
 def create_app() -> Celery:
     settings = get_settings()
     broker.register()
+    # Message bodies decoded as kombu decodes them, without its per-object hook where it would do nothing.
+    serialization.register("json", kombu_json.dumps, kombu_loads, "application/json", "utf-8")  # type: ignore[no-untyped-call]  # kombu is unannotated
     # A lost worker's unacknowledged calls come back once older than the visibility timeout; sweep for
     # them on every check (about every 10 s) rather than every tenth.
     transport_options = {"visibility_timeout": settings.visibility_timeout_seconds, "unacked_restore_throttle": 1}

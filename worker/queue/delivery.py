@@ -16,8 +16,8 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 
+from worker.protocol import kombu_loads
 from worker.queue import scheduler
 from worker.queue.dead_letter import refuse_item, refuse_oversize
 from worker.queue.holdings import process_holdings, process_leases
@@ -146,7 +146,7 @@ class DeliveringChannel(kombu_redis.Channel):
             refuse_oversize(item, limit_bytes)
             return _REFUSED
         try:
-            return loads(bytes_to_str(item))
+            return kombu_loads(item)
         except (ValueError, RecursionError) as exc:
             refuse_item(f"not a transport message: not JSON ({type(exc).__name__})", item, None)
             return _REFUSED

@@ -29,7 +29,6 @@ from typing import Any
 import structlog
 from billiard.einfo import ExceptionInfo
 from celery.concurrency import thread
-from celery.utils.saferepr import saferepr
 from kombu.asynchronous import get_event_loop
 from kombu.serialization import loads, prepare_accept_content
 
@@ -42,6 +41,7 @@ from worker.queue.outcome import CallFailed, failure
 log = structlog.get_logger("toolworker.pool")
 _CALL_TASKS = frozenset({TASK_EXECUTE, TASK_EXECUTE_BATCH})
 _RESULT_REPR_CHARS = 1024  # the summary shown in task events (Flower), as Celery's default
+_REPR_ITEMS = 16  # a batch's summaries past these are not shown (each is some 80 characters)
 _STOP_POLL_S = 0.05  # how often a warm shutdown completes the messages answered meanwhile
 
 
@@ -114,7 +114,7 @@ class TaskPool(thread.TaskPool):
         try:
             try:  # the summary's repr (a batch's is long) is made here, off the loop
                 summaries = future.result()
-                outcome = _failed(failure(summaries), runtime) or (0, saferepr(summaries, _RESULT_REPR_CHARS), runtime)
+                outcome = _failed(failure(summaries), runtime) or (0, summary_repr(summaries), runtime)
             except BaseException:  # Celery's failure path acknowledges it (a Reject: hands it back instead)
                 outcome = (1, ExceptionInfo(), runtime)
             callback(outcome)
@@ -132,6 +132,14 @@ class TaskPool(thread.TaskPool):
                 if self._idle.wait_for(lambda: self._pending == 0, timeout=_STOP_POLL_S):
                     break
         super().on_stop()
+
+
+def summary_repr(summaries: Any) -> str:
+    """What task events (Flower) show of a message's result: the repr of its calls' summaries, at most
+    _RESULT_REPR_CHARS (Celery's saferepr walks them in Python, and cost a message more than its event did)."""
+    many = isinstance(summaries, list) and len(summaries) > _REPR_ITEMS
+    text = repr(summaries[:_REPR_ITEMS])[:-1] + ", ...]" if many else repr(summaries)
+    return text if len(text) <= _RESULT_REPR_CHARS else text[: _RESULT_REPR_CHARS - 3] + "..."
 
 
 def _failed(failed: CallFailed | None, runtime: float) -> tuple[int, ExceptionInfo, float] | None:
