@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import uvloop
 
+from worker import logs
+
 T = TypeVar("T")
 
 
@@ -34,6 +36,10 @@ class LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    @property
+    def thread_id(self) -> int | None:
+        return self._thread.ident
+
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         # Waited for apart from its result: a TimeoutError the coroutine raises (a client's RedisLost is
@@ -51,6 +57,8 @@ class LoopThread:
             cleanup.close()  # a loop already stopped runs nothing more
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout_s)
+        if logs.lines.holds_for(self.loop):  # its last turn's lines
+            logs.lines.hold_for(None, None)
         if not self._thread.is_alive():
             self.loop.close()
 
@@ -65,4 +73,5 @@ def process_loop() -> LoopThread:
     with _lock:
         if _process_loop is None or _process_loop[0] != os.getpid():
             _process_loop = (os.getpid(), LoopThread())
+            logs.lines.hold_for(_process_loop[1].loop, _process_loop[1].thread_id)
         return _process_loop[1]
