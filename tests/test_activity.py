@@ -45,3 +45,11 @@ def test_quantiles_interpolate_within_buckets() -> None:
     assert quantile(0.5, [0] * 15) is None
     assert quantile(0.5, [10] + [0] * 14) == pytest.approx(0.0025)
     assert quantile(0.99, [0] * 14 + [3]) == 120.0
+
+
+def test_a_duration_lands_in_the_first_bucket_that_holds_it() -> None:
+    """A duration on a bound is in that bound's bucket; one past every bound in the last."""
+    bounds = activity.DURATION_BUCKETS_S
+    assert activity.bucket_of(0.0) == 0
+    assert [activity.bucket_of(bound) for bound in bounds] == list(range(len(bounds)))
+    assert [activity.bucket_of(bound * 1.001) for bound in bounds] == list(range(1, len(bounds) + 1))

@@ -135,6 +135,8 @@ def to_text(value: Any) -> str:
     """How an argument reads inside a URL, a header or a text body."""
     if isinstance(value, str):
         return value
+    if type(value) is int:  # as JSON writes it (not a bool, nor an int's subclass with a str of its own)
+        return int.__repr__(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ def slot_of(at_s: float) -> int:
 
 
 def bucket_of(duration_s: float) -> int:
-    return next(i for i, bound in enumerate(_BOUNDS) if duration_s <= bound)
+    """The first bucket whose bound is at least the duration."""
+    return bisect_left(_BOUNDS, duration_s)
 
 
 class Recorder:

@@ -26,12 +26,12 @@ log = structlog.get_logger("toolworker.publisher")
 
 # One script for every result of a flush. KEYS[1]: the webhooks' due set; per result i, KEYS[3i-1]: its result
 # key, KEYS[3i]: its reply stream ('' for none), KEYS[3i+1]: its webhook record ('' for none). ARGV[1]: ttl,
-# ARGV[2]: stream maxlen, ARGV[3]: now (ms); per result i, ARGV[5i-1]: its Celery meta, ARGV[5i]: its envelope,
-# ARGV[5i+1]: its callback URL ('' for none), ARGV[5i+2]: its webhook-id, ARGV[5i+3]: its callId. Returns per
-# result 1 (published), 0 (published before: SET NX on the result key makes a redelivered call's second
-# publication a no-op) or the error its stream gave (a replyTo key that is no stream: the result is stored and
-# announced all the same). A callback's durable record is written in the same step (worker/queue/webhooks.py
-# delivers it). A stream's expiry is pushed back once a flush.
+# ARGV[2]: stream maxlen, ARGV[3]: now (ms); per result i, ARGV[5i-1]: its Celery meta, ARGV[5i]: its envelope
+# ('' when neither a stream nor a webhook takes it), ARGV[5i+1]: its callback URL ('' for none), ARGV[5i+2]: its
+# webhook-id, ARGV[5i+3]: its callId. Returns per result 1 (published), 0 (published before: SET NX on the
+# result key makes a redelivered call's second publication a no-op) or the error its stream gave (a replyTo key
+# that is no stream: the result is stored and announced all the same). A callback's durable record is written
+# in the same step (worker/queue/webhooks.py delivers it). A stream's expiry is pushed back once a flush.
 _PUBLISH = """
 local ttl, maxlen, now, due, out, streams = ARGV[1], ARGV[2], ARGV[3], KEYS[1], {}, {}
 for i = 1, (#KEYS - 1) / 3 do
@@ -160,8 +160,14 @@ class Publisher:
         envelope = _serialized(result)
         call_id = valid_text(result.call_id)  # as the envelope names it
         stream = valid_text(reply_to) if reply_to else ""
-        if not callback_url:
-            return [RESULT_KEY_PREFIX + call_id, stream, ""], [result_meta(call_id, envelope), envelope, "", "", ""]
+        if not callback_url:  # the envelope on its own goes to a stream only (the meta holds it too)
+            return [RESULT_KEY_PREFIX + call_id, stream, ""], [
+                result_meta(call_id, envelope),
+                stream and envelope,
+                "",
+                "",
+                "",
+            ]
         keys = [RESULT_KEY_PREFIX + call_id, stream, record_key(call_id)]
         return keys, [result_meta(call_id, envelope), envelope, callback_url, webhook_id(call_id), call_id]
 
