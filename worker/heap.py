@@ -7,7 +7,8 @@ import gc
 # Collector thresholds once the start-up heap is frozen. A young collection comes after 20,000 new objects:
 # more than the calls of a busy worker hold at once (200 in flight, some 80 each), so that it finds them gone
 # rather than scanning them again and again (at 2,000 the collector took 6% of a call's CPU, 0.019 ms, and
-# collected every 26 calls); one took 2.5 ms at most in bursts of 20,000 calls. A full one waits for 100 middle ones instead of 10.
+# collected every 26 calls); one took 2.5 ms at most in bursts of 20,000 calls. A full one waits for 100
+# middle ones instead of 10.
 GC_THRESHOLDS = (20000, 10, 100)
 
 
