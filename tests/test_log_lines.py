@@ -77,3 +77,15 @@ def test_lines_held_when_the_loop_stops_holding_are_written(loop: asyncio.Abstra
     assert stream.writes == ["last words\n"]
     writer.msg("after")
     assert stream.writes[-1] == "after\n"
+
+
+def test_a_forked_child_holds_nothing_of_its_parent_s(loop: asyncio.AbstractEventLoop) -> None:
+    """After a fork the child writes every line at once until a loop of its own holds them, and leaves the
+    lines its parent held to the parent."""
+    writer, stream = LineWriter(), CountingStream()
+    writer.stream = stream
+    writer.hold_for(loop, threading.get_ident())
+    writer.msg("the parent's")
+    writer.forked()
+    writer.msg("the child's")
+    assert stream.writes == ["the child's\n"]

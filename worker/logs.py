@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -96,6 +97,12 @@ class LineWriter:
     def holds_for(self, loop: asyncio.AbstractEventLoop) -> bool:
         return self._loop is loop
 
+    def forked(self) -> None:
+        """In a forked child: no loop of its own runs yet, and the parent writes the lines it held (a thread of
+        the child could have the parent's loop thread's id)."""
+        self._lock = threading.Lock()
+        self._held, self._loop, self._loop_thread = [], None, None
+
     def msg(self, message: str) -> None:
         if threading.get_ident() == self._loop_thread and self._loop is not None:
             with self._lock:
@@ -126,6 +133,7 @@ class LineWriter:
 
 lines = LineWriter()
 atexit.register(lines.flush)
+os.register_at_fork(after_in_child=lines.forked)
 
 
 def configure(log_format: str = "json", level: str = "INFO") -> None:
