@@ -78,6 +78,7 @@ scheme, would have none.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -483,7 +484,23 @@ class SentinelBrokerTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
 
 
+class _OneLineRefusals(logging.Filter):
+    """kombu logs a script Redis refused while it keeps its bindings alive (an ACL, a full `noeviction` server)
+    as a warning with the whole traceback, every few seconds while it lasts: the warning says it in one line,
+    the error's type and text, as the worker's own refusals do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg = f"{record.getMessage()} ({type(error).__name__}: {str(error)[:200]})"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
 def register() -> None:
+    kombu_logger = logging.getLogger("kombu.transport.redis")
+    if not any(isinstance(f, _OneLineRefusals) for f in kombu_logger.filters):
+        kombu_logger.addFilter(_OneLineRefusals())
     for scheme in ("redis", "rediss"):
         TRANSPORT_ALIASES[scheme] = f"{__name__}:BrokerTransport"
     TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelBrokerTransport"
